@@ -1,0 +1,466 @@
+//! The embedded backend: one redb file, crash-safe, nothing to install.
+//!
+//! Writes go through one writer thread that commits in groups: it takes every
+//! write waiting in its queue (up to `max_batch`), applies them in order inside
+//! one write transaction, commits once (fsync) and only then answers each
+//! caller. So every acknowledged write is durable, and under concurrency one
+//! fsync pays for many writes. A write whose rule refuses it writes nothing
+//! and does not disturb the rest of its group; a storage error aborts the
+//! whole group and every write in it is answered with that error.
+//!
+//! Reads use redb read transactions on the blocking pool and see only
+//! committed data.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::error::{StoreError, StoreResult};
+use crate::key::SessionKey;
+use crate::model::*;
+use crate::rules::{self, SessionSlot};
+use crate::store::{SessionStore, now_ms};
+
+/// Session key → `SessionSlot` (JSON). Rows are never removed: they carry the
+/// fence counter that must not be reused.
+const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
+/// (sessionId as u128, seq) → `TranscriptEntry` (JSON).
+const TRANSCRIPTS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("transcripts");
+/// runId → `RunRecord` (JSON).
+const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    /// The most writes committed together in one transaction.
+    pub max_batch: usize,
+    /// Writes waiting for the writer thread before callers are held back.
+    pub queue_depth: usize,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        Self {
+            max_batch: 256,
+            queue_depth: 4096,
+        }
+    }
+}
+
+/// Answers a caller once the group its write belongs to has committed.
+type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// One write: applied to the group's transaction; `Err` poisons the group.
+type Job = Box<dyn FnOnce(&WriteTransaction, i64) -> (Completion, Result<(), redb::Error>) + Send>;
+
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    jobs: mpsc::Sender<Job>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store file; recovers it after a crash.
+    pub async fn open(path: &Path, options: EmbeddedOptions) -> StoreResult<Self> {
+        let path = path.to_owned();
+        let db = tokio::task::spawn_blocking(move || -> Result<Database, redb::Error> {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(redb::StorageError::from)?;
+            }
+            let db = Database::create(&path)?;
+            let txn = db.begin_write()?;
+            txn.open_table(SESSIONS)?;
+            txn.open_table(TRANSCRIPTS)?;
+            txn.open_table(RUNS)?;
+            txn.commit()?;
+            Ok(db)
+        })
+        .await
+        .map_err(StoreError::internal)?
+        .map_err(|e| StoreError::Unavailable(format!("cannot open the embedded store: {e}")))?;
+        let db = Arc::new(db);
+        let (jobs, queue) = mpsc::channel(options.queue_depth.max(1));
+        let writer_db = db.clone();
+        std::thread::Builder::new()
+            .name("session-store-writer".into())
+            .spawn(move || run_writer(&writer_db, queue, options.max_batch.max(1)))
+            .map_err(StoreError::internal)?;
+        Ok(Self { db, jobs })
+    }
+
+    /// Runs `op` inside the next group commit and returns its result once the
+    /// group is durable.
+    async fn write<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteTransaction, i64) -> Result<StoreResult<T>, redb::Error> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(move |txn, now| match op(txn, now) {
+            Ok(outcome) => {
+                let complete: Completion = Box::new(move |committed| {
+                    let _ = reply.send(committed.and(outcome));
+                });
+                (complete, Ok(()))
+            }
+            Err(storage) => {
+                let message = storage.to_string();
+                let complete: Completion = Box::new(move |_| {
+                    let _ = reply.send(Err(StoreError::Internal(message)));
+                });
+                (complete, Err(storage))
+            }
+        });
+        self.jobs
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Unavailable("the store writer has stopped".into()))?;
+        answer.await.map_err(|_| {
+            StoreError::Unavailable("the write was not applied (storage error)".into())
+        })?
+    }
+
+    async fn read<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&redb::ReadTransaction) -> Result<StoreResult<T>, redb::Error> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read()?;
+            op(&txn)
+        })
+        .await
+        .map_err(StoreError::internal)?
+        .map_err(StoreError::internal)?
+    }
+}
+
+fn run_writer(db: &Database, mut queue: mpsc::Receiver<Job>, max_batch: usize) {
+    let mut group = Vec::with_capacity(max_batch);
+    while let Some(first) = queue.blocking_recv() {
+        group.push(first);
+        while group.len() < max_batch {
+            match queue.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        commit_group(db, &mut group);
+    }
+}
+
+fn commit_group(db: &Database, group: &mut Vec<Job>) {
+    let txn = match db.begin_write() {
+        Ok(txn) => txn,
+        Err(e) => {
+            // The jobs never ran: dropping them answers their callers with
+            // "not applied" through their closed reply channels.
+            tracing::error!(error = %e, writes = group.len(), "cannot begin a write transaction");
+            group.clear();
+            return;
+        }
+    };
+    let now = now_ms();
+    let mut completions = Vec::with_capacity(group.len());
+    let mut poisoned = None;
+    for job in group.drain(..) {
+        if poisoned.is_some() {
+            // After a storage error the rest of the group is not applied.
+            continue;
+        }
+        let (complete, applied) = job(&txn, now);
+        completions.push(complete);
+        poisoned = applied.err();
+    }
+    let committed = match poisoned {
+        Some(e) => {
+            tracing::error!(error = %e, "storage error; the write group was rolled back");
+            let _ = txn.abort();
+            Err(StoreError::Internal(format!(
+                "the write group was rolled back: {e}"
+            )))
+        }
+        None => txn
+            .commit()
+            .map_err(|e| StoreError::Unavailable(format!("commit failed: {e}"))),
+    };
+    for complete in completions {
+        complete(committed.clone());
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("store types always serialize")
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, redb::Error> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        redb::Error::Corrupted(format!("undecodable row: {e}"))
+    })
+}
+
+fn load_slot(txn: &WriteTransaction, key: &SessionKey) -> Result<SessionSlot, redb::Error> {
+    let table = txn.open_table(SESSIONS)?;
+    let slot = table.get(key.as_str())?;
+    slot.map_or(Ok(SessionSlot::default()), |row| decode(row.value()))
+}
+
+fn store_slot(txn: &WriteTransaction, key: &SessionKey, slot: &SessionSlot) -> Result<(), redb::Error> {
+    txn.open_table(SESSIONS)?
+        .insert(key.as_str(), encode(slot).as_slice())?;
+    Ok(())
+}
+
+fn load_run(table: &impl ReadableTable<&'static str, &'static [u8]>, run_id: &str) -> Result<Option<RunRecord>, redb::Error> {
+    table.get(run_id)?.map(|row| decode(row.value())).transpose()
+}
+
+fn read_slot(txn: &redb::ReadTransaction, key: &SessionKey) -> Result<SessionSlot, redb::Error> {
+    let table = txn.open_table(SESSIONS)?;
+    let slot = table.get(key.as_str())?;
+    slot.map_or(Ok(SessionSlot::default()), |row| decode(row.value()))
+}
+
+#[async_trait]
+impl SessionStore for EmbeddedStore {
+    async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
+        self.write(move |txn, now| {
+            let mut slot = load_slot(txn, &req.key)?;
+            let acquired = rules::acquire(&mut slot, &req, now, Uuid::new_v4);
+            if acquired.is_ok() {
+                store_slot(txn, &req.key, &slot)?;
+            }
+            Ok(acquired)
+        })
+        .await
+    }
+
+    async fn release_writer(
+        &self,
+        key: &SessionKey,
+        run_id: &str,
+        fence_token: u64,
+    ) -> StoreResult<Released> {
+        let (key, run_id) = (key.clone(), run_id.to_owned());
+        self.write(move |txn, now| {
+            let mut slot = load_slot(txn, &key)?;
+            let released = rules::release(&mut slot, &run_id, fence_token, now);
+            if released {
+                store_slot(txn, &key, &slot)?;
+            }
+            Ok(Ok(Released {
+                released,
+                session: slot.view(&key),
+            }))
+        })
+        .await
+    }
+
+    async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
+        self.write(move |txn, now| {
+            let mut slot = load_slot(txn, &req.key)?;
+            let first_seq = match rules::reserve_append(&mut slot, &req, now) {
+                Ok(first) => first,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            let stamped = rules::stamp_entries(&req, first_seq, now);
+            {
+                let mut transcripts = txn.open_table(TRANSCRIPTS)?;
+                let sid = req.session_id.as_u128();
+                for entry in &stamped {
+                    transcripts.insert((sid, entry.seq), encode(entry).as_slice())?;
+                }
+            }
+            store_slot(txn, &req.key, &slot)?;
+            Ok(Ok(Appended {
+                first_seq,
+                last_seq: first_seq + stamped.len() as u64 - 1,
+                session: slot.view(&req.key).expect("append checked the session"),
+            }))
+        })
+        .await
+    }
+
+    async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
+        self.read(move |txn| {
+            let Some(session) = read_slot(txn, &query.key)?.view(&query.key) else {
+                return Ok(Ok(HistoryPage::default()));
+            };
+            let total = session.entry_count;
+            let window = rules::history_window(query.cursor, query.limit, total);
+            let mut entries = Vec::new();
+            let mut more = false;
+            if let Some((lower, upper, more_beyond)) = window {
+                more = more_beyond;
+                let sid = session.session_id.as_u128();
+                let table = txn.open_table(TRANSCRIPTS)?;
+                for row in table.range((sid, lower)..=(sid, upper))? {
+                    entries.push(decode::<TranscriptEntry>(row?.1.value())?);
+                }
+            }
+            Ok(Ok(rules::finish_page(
+                session.session_id,
+                query.cursor,
+                entries,
+                more,
+                query.max_chars,
+                total,
+            )))
+        })
+        .await
+    }
+
+    async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
+        let key = key.clone();
+        self.read(move |txn| Ok(Ok(read_slot(txn, &key)?.view(&key))))
+            .await
+    }
+
+    async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
+        // A full scan: the embedded store serves one machine's sessions.
+        self.read(move |txn| {
+            let table = txn.open_table(SESSIONS)?;
+            let mut sessions = Vec::new();
+            for row in table.iter()? {
+                let (key, slot) = row?;
+                let slot: SessionSlot = decode(slot.value())?;
+                let Ok(key) = SessionKey::parse(key.value()) else {
+                    continue;
+                };
+                if let Some(session) = slot.view(&key).filter(|s| rules::list_matches(s, &query)) {
+                    sessions.push(session);
+                }
+            }
+            sessions.sort_by(|a, b| b.updated_at_ms.cmp(&a.updated_at_ms));
+            sessions.truncate(query.limit as usize);
+            Ok(Ok(sessions))
+        })
+        .await
+    }
+
+    async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
+        let key = key.clone();
+        self.write(move |txn, now| {
+            let mut slot = load_slot(txn, &key)?;
+            let outcome = rules::reset(&mut slot, &key, now, Uuid::new_v4());
+            store_slot(txn, &key, &slot)?;
+            Ok(Ok(outcome))
+        })
+        .await
+    }
+
+    async fn delete_session(
+        &self,
+        key: &SessionKey,
+        delete_transcript: bool,
+    ) -> StoreResult<DeleteOutcome> {
+        let key = key.clone();
+        self.write(move |txn, _now| {
+            let mut slot = load_slot(txn, &key)?;
+            let outcome = rules::delete(&mut slot);
+            if outcome.deleted {
+                store_slot(txn, &key, &slot)?;
+            }
+            if let (true, Some(old)) = (delete_transcript, outcome.previous_session_id) {
+                let sid = old.as_u128();
+                txn.open_table(TRANSCRIPTS)?
+                    .retain_in((sid, 0)..=(sid, u64::MAX), |_, _| false)?;
+            }
+            Ok(Ok(outcome))
+        })
+        .await
+    }
+
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
+        self.write(move |txn, now| {
+            let mut runs = txn.open_table(RUNS)?;
+            if let Some(existing) = load_run(&runs, &new.run_id)? {
+                return Ok(Ok(rules::existing_run(existing, &new)));
+            }
+            let record = rules::new_run_record(&new, now);
+            runs.insert(new.run_id.as_str(), encode(&record).as_slice())?;
+            Ok(Ok(CreateRunOutcome {
+                created: true,
+                record,
+                fingerprint_mismatch: false,
+            }))
+        })
+        .await
+    }
+
+    async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
+        self.write(move |txn, now| {
+            let mut runs = txn.open_table(RUNS)?;
+            let Some(mut record) = load_run(&runs, &update.run_id)? else {
+                return Ok(Err(StoreError::RunNotFound(update.run_id)));
+            };
+            if let Err(refused) = rules::update_run(&mut record, &update, now) {
+                return Ok(Err(refused));
+            }
+            runs.insert(record.run_id.as_str(), encode(&record).as_slice())?;
+            drop(runs);
+            if let Ok(key) = SessionKey::parse(&record.session_key) {
+                let mut slot = load_slot(txn, &key)?;
+                let before = slot.clone();
+                rules::note_run_status(&mut slot, &record);
+                if slot != before {
+                    store_slot(txn, &key, &slot)?;
+                }
+            }
+            Ok(Ok(record))
+        })
+        .await
+    }
+
+    async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
+        let run_id = run_id.to_owned();
+        self.read(move |txn| Ok(Ok(load_run(&txn.open_table(RUNS)?, &run_id)?)))
+            .await
+    }
+
+    async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
+        let owner = owner.map(str::to_owned);
+        self.read(move |txn| {
+            let table = txn.open_table(RUNS)?;
+            let mut runs = Vec::new();
+            for row in table.iter()? {
+                let record: RunRecord = decode(row?.1.value())?;
+                if !record.status.is_terminal()
+                    && owner.as_deref().is_none_or(|o| record.owner == o)
+                {
+                    runs.push(record);
+                }
+            }
+            runs.sort_by(|a, b| (a.created_at_ms, &a.run_id).cmp(&(b.created_at_ms, &b.run_id)));
+            Ok(Ok(runs))
+        })
+        .await
+    }
+
+    async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
+        self.write(move |txn, _now| {
+            let mut runs = txn.open_table(RUNS)?;
+            let before = runs.len()?;
+            let mut undecodable = None;
+            runs.retain(|_, row| match serde_json::from_slice::<RunRecord>(row) {
+                Ok(record) => !rules::run_expired(&record, ended_before_ms),
+                Err(e) => {
+                    undecodable = Some(e.to_string());
+                    true
+                }
+            })?;
+            if let Some(e) = undecodable {
+                return Err(redb::Error::Corrupted(format!("undecodable run record: {e}")));
+            }
+            Ok(Ok(before - runs.len()?))
+        })
+        .await
+    }
+}

@@ -1,0 +1,165 @@
+//! Configuration of the session-store service: flags, each with an
+//! environment variable (`SESSION_STORE_*`). Documented in docs/session-store.md.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::limits::Limits;
+
+#[derive(Debug, Clone, Args)]
+pub struct StoreConfig {
+    /// Address the gRPC server listens on.
+    #[arg(long, env = "SESSION_STORE_LISTEN", default_value = "127.0.0.1:50061")]
+    pub listen: SocketAddr,
+
+    /// Where the data lives: a file path (the embedded store) or a
+    /// `postgres://` URL.
+    #[arg(long, env = "SESSION_STORE_URL", default_value = "data/session-store.redb")]
+    pub store: String,
+
+    /// How long terminal run records are kept (e.g. 90s, 30m, 24h).
+    #[arg(long, env = "SESSION_STORE_RUN_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    pub run_retention: Duration,
+
+    /// How often expired run records are purged.
+    #[arg(long, env = "SESSION_STORE_PURGE_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub purge_interval: Duration,
+
+    /// PostgreSQL: connections in the pool.
+    #[arg(long, env = "SESSION_STORE_PG_POOL_SIZE", default_value_t = 16)]
+    pub pg_pool_size: usize,
+
+    /// PostgreSQL: schema for the tables (created if missing).
+    #[arg(long, env = "SESSION_STORE_PG_SCHEMA")]
+    pub pg_schema: Option<String>,
+
+    /// Embedded: the most writes committed together in one transaction.
+    #[arg(long, env = "SESSION_STORE_GROUP_COMMIT_MAX", default_value_t = 256)]
+    pub group_commit_max: usize,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Every input limit, as flags. Defaults come from `Limits::default()`.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Largest transcript entry (role + content + metadata), bytes.
+    #[arg(long, env = "SESSION_STORE_MAX_ENTRY_BYTES", default_value_t = Limits::default().max_entry_bytes)]
+    pub max_entry_bytes: usize,
+    /// Most entries in one Append.
+    #[arg(long, env = "SESSION_STORE_MAX_ENTRIES_PER_APPEND", default_value_t = Limits::default().max_entries_per_append)]
+    pub max_entries_per_append: usize,
+    /// Largest Append (all entries), bytes.
+    #[arg(long, env = "SESSION_STORE_MAX_APPEND_BYTES", default_value_t = Limits::default().max_append_bytes)]
+    pub max_append_bytes: usize,
+    /// History page size when the caller gives none.
+    #[arg(long, env = "SESSION_STORE_DEFAULT_HISTORY_LIMIT", default_value_t = Limits::default().default_history_limit)]
+    pub default_history_limit: u32,
+    /// Largest History page.
+    #[arg(long, env = "SESSION_STORE_MAX_HISTORY_LIMIT", default_value_t = Limits::default().max_history_limit)]
+    pub max_history_limit: u32,
+    /// Largest maxChars of a History call, and the budget when none is given.
+    #[arg(long, env = "SESSION_STORE_MAX_HISTORY_CHARS", default_value_t = Limits::default().max_history_chars)]
+    pub max_history_chars: u32,
+    /// ListSessions page size when the caller gives none.
+    #[arg(long, env = "SESSION_STORE_DEFAULT_LIST_LIMIT", default_value_t = Limits::default().default_list_limit)]
+    pub default_list_limit: u32,
+    /// Largest ListSessions page.
+    #[arg(long, env = "SESSION_STORE_MAX_LIST_LIMIT", default_value_t = Limits::default().max_list_limit)]
+    pub max_list_limit: u32,
+    /// Longest session label, characters.
+    #[arg(long, env = "SESSION_STORE_MAX_LABEL_CHARS", default_value_t = Limits::default().max_label_chars)]
+    pub max_label_chars: usize,
+    /// Longest role, kind, fingerprint or owner, characters.
+    #[arg(long, env = "SESSION_STORE_MAX_NAME_CHARS", default_value_t = Limits::default().max_name_chars)]
+    pub max_name_chars: usize,
+    /// Largest request_json / outcome_json of a run record, bytes.
+    #[arg(long, env = "SESSION_STORE_MAX_RUN_PAYLOAD_BYTES", default_value_t = Limits::default().max_run_payload_bytes)]
+    pub max_run_payload_bytes: usize,
+}
+
+impl From<&LimitArgs> for Limits {
+    fn from(a: &LimitArgs) -> Self {
+        Limits {
+            max_entry_bytes: a.max_entry_bytes,
+            max_entries_per_append: a.max_entries_per_append,
+            max_append_bytes: a.max_append_bytes,
+            default_history_limit: a.default_history_limit,
+            max_history_limit: a.max_history_limit,
+            max_history_chars: a.max_history_chars,
+            default_list_limit: a.default_list_limit,
+            max_list_limit: a.max_list_limit,
+            max_label_chars: a.max_label_chars,
+            max_name_chars: a.max_name_chars,
+            max_run_payload_bytes: a.max_run_payload_bytes,
+        }
+    }
+}
+
+/// Which backend a `--store` value selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendLocation {
+    Embedded(PathBuf),
+    Postgres(String),
+}
+
+impl BackendLocation {
+    pub fn parse(raw: &str) -> Self {
+        if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
+            Self::Postgres(raw.to_owned())
+        } else {
+            Self::Embedded(PathBuf::from(raw))
+        }
+    }
+}
+
+/// Parses `500ms`, `90s`, `30m`, `24h`, `7d`, or plain seconds.
+pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let raw = raw.trim();
+    let split = raw
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(raw.len());
+    let (digits, unit) = raw.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a duration like 90s, 30m or 24h"))?;
+    let seconds = |factor: u64| Duration::from_secs(n.saturating_mul(factor));
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(seconds(1)),
+        "m" => Ok(seconds(60)),
+        "h" => Ok(seconds(3600)),
+        "d" => Ok(seconds(86_400)),
+        _ => Err(format!("unknown duration unit in {raw:?} (use ms, s, m, h or d)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert!(parse_duration("h").is_err());
+        assert!(parse_duration("5 weeks").is_err());
+    }
+
+    #[test]
+    fn backend_location() {
+        assert_eq!(
+            BackendLocation::parse("postgres://u@h/db"),
+            BackendLocation::Postgres("postgres://u@h/db".into())
+        );
+        assert_eq!(
+            BackendLocation::parse("data/x.redb"),
+            BackendLocation::Embedded("data/x.redb".into())
+        );
+    }
+}

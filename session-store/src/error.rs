@@ -1,0 +1,79 @@
+//! The one error type of the session store. The gRPC adapter maps it to status
+//! codes in `grpc::status`; the remote client maps it back, losslessly.
+
+use crate::model::{RunRecord, Session};
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The caller does not hold the writer slot (anymore), or its fence is old.
+    #[error("{message}")]
+    StaleWriter {
+        message: String,
+        current: Option<Box<Session>>,
+    },
+    /// The sessionId the caller expected is no longer the key's sessionId.
+    #[error("{message}")]
+    SessionReplaced {
+        message: String,
+        current: Option<Box<Session>>,
+    },
+    /// A CAS AcquireWriter found another writer than the one expected.
+    #[error("{message}")]
+    WriterConflict {
+        message: String,
+        current: Option<Box<Session>>,
+    },
+    #[error("run {0:?} not found")]
+    RunNotFound(String),
+    #[error("run version conflict: expected version {expected}, the record is at {}", current.version)]
+    RunVersionConflict {
+        expected: u64,
+        current: Box<RunRecord>,
+    },
+    #[error("run {} is terminal ({}) and cannot change", current.run_id, current.status.as_str())]
+    RunTerminal { current: Box<RunRecord> },
+    /// The backend cannot be reached right now; the call may be retried.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::InvalidArgument(message.into())
+    }
+
+    pub fn internal(err: impl std::fmt::Display) -> Self {
+        Self::Internal(err.to_string())
+    }
+
+    /// The machine-readable code carried on the wire.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) => "INVALID_ARGUMENT",
+            Self::StaleWriter { .. } => "STALE_WRITER",
+            Self::SessionReplaced { .. } => "SESSION_REPLACED",
+            Self::WriterConflict { .. } => "WRITER_CONFLICT",
+            Self::RunNotFound(_) => "RUN_NOT_FOUND",
+            Self::RunVersionConflict { .. } => "RUN_VERSION_CONFLICT",
+            Self::RunTerminal { .. } => "RUN_TERMINAL",
+            Self::Unavailable(_) => "UNAVAILABLE",
+            Self::Internal(_) => "INTERNAL",
+        }
+    }
+
+    /// The session as the store saw it when it refused, for fence errors.
+    pub fn current_session(&self) -> Option<&Session> {
+        match self {
+            Self::StaleWriter { current, .. }
+            | Self::SessionReplaced { current, .. }
+            | Self::WriterConflict { current, .. } => current.as_deref(),
+            _ => None,
+        }
+    }
+}

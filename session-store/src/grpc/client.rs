@@ -1,0 +1,254 @@
+//! `RemoteStore`: the `SessionStore` trait over gRPC, so the coordinator (and
+//! tests) use a remote store exactly like a local one. Errors come back as the
+//! same `StoreError` the server produced.
+
+use async_trait::async_trait;
+use clawgate_proto::session_store::v1 as pb;
+use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
+use tonic::transport::{Channel, Endpoint};
+
+use super::MAX_MESSAGE_BYTES;
+use super::convert::*;
+use super::status::from_status;
+use crate::error::{StoreError, StoreResult};
+use crate::key::SessionKey;
+use crate::model::*;
+use crate::store::SessionStore;
+
+#[derive(Clone)]
+pub struct RemoteStore {
+    client: SessionStoreClient<Channel>,
+}
+
+impl RemoteStore {
+    /// Connects to `http://host:port`.
+    pub async fn connect(address: &str) -> StoreResult<Self> {
+        let channel = Endpoint::from_shared(address.to_owned())
+            .map_err(|e| StoreError::invalid(format!("bad session-store address {address:?}: {e}")))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}")))?;
+        Ok(Self::new(channel))
+    }
+
+    pub fn new(channel: Channel) -> Self {
+        let client = SessionStoreClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Self { client }
+    }
+
+    fn client(&self) -> SessionStoreClient<Channel> {
+        self.client.clone()
+    }
+}
+
+fn session(s: Option<pb::Session>) -> StoreResult<Session> {
+    session_from_pb(s.ok_or_else(|| StoreError::Internal("response without a session".into()))?)
+}
+
+fn optional_id(raw: Option<String>) -> StoreResult<Option<SessionId>> {
+    raw.as_deref().map(parse_session_id).transpose()
+}
+
+fn record(r: Option<pb::RunRecord>) -> StoreResult<RunRecord> {
+    run_from_pb(r.ok_or_else(|| StoreError::Internal("response without a run record".into()))?)
+}
+
+#[async_trait]
+impl SessionStore for RemoteStore {
+    async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
+        let res = self
+            .client()
+            .acquire_writer(acquire_to_pb(req))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(Acquired {
+            fence_token: res.fence_token,
+            session: session(res.session)?,
+            superseded_run_id: res.superseded_run_id,
+            session_created: res.session_created,
+        })
+    }
+
+    async fn release_writer(
+        &self,
+        key: &SessionKey,
+        run_id: &str,
+        fence_token: u64,
+    ) -> StoreResult<Released> {
+        let res = self
+            .client()
+            .release_writer(pb::ReleaseWriterRequest {
+                session_key: key.as_str().to_owned(),
+                run_id: run_id.to_owned(),
+                fence_token,
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(Released {
+            released: res.released,
+            session: res.session.map(session_from_pb).transpose()?,
+        })
+    }
+
+    async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
+        let res = self
+            .client()
+            .append(pb::AppendRequest {
+                session_key: req.key.as_str().to_owned(),
+                session_id: req.session_id.to_string(),
+                run_id: req.run_id,
+                fence_token: req.fence_token,
+                entries: req.entries.into_iter().map(new_entry_to_pb).collect(),
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(Appended {
+            first_seq: res.first_seq,
+            last_seq: res.last_seq,
+            session: session(res.session)?,
+        })
+    }
+
+    async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
+        let res = self
+            .client()
+            .history(history_to_pb(query))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(HistoryPage {
+            session_id: optional_id(Some(res.session_id).filter(|s| !s.is_empty()))?,
+            entries: res.entries.into_iter().map(entry_from_pb).collect(),
+            has_more: res.has_more,
+            total: res.total,
+        })
+    }
+
+    async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
+        let res = self
+            .client()
+            .get_session(pb::GetSessionRequest {
+                session_key: key.as_str().to_owned(),
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        res.session.map(session_from_pb).transpose()
+    }
+
+    async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
+        let res = self
+            .client()
+            .list_sessions(pb::ListSessionsRequest {
+                limit: query.limit,
+                active_minutes: None,
+                search: query.search,
+                updated_since_ms: query.updated_since_ms,
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        res.sessions.into_iter().map(session_from_pb).collect()
+    }
+
+    async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
+        let res = self
+            .client()
+            .reset_session(pb::ResetSessionRequest {
+                session_key: key.as_str().to_owned(),
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(ResetOutcome {
+            session: session(res.session)?,
+            previous_session_id: optional_id(res.previous_session_id)?,
+            superseded_run_id: res.superseded_run_id,
+        })
+    }
+
+    async fn delete_session(
+        &self,
+        key: &SessionKey,
+        delete_transcript: bool,
+    ) -> StoreResult<DeleteOutcome> {
+        let res = self
+            .client()
+            .delete_session(pb::DeleteSessionRequest {
+                session_key: key.as_str().to_owned(),
+                delete_transcript,
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(DeleteOutcome {
+            deleted: res.deleted,
+            previous_session_id: optional_id(res.previous_session_id)?,
+            superseded_run_id: res.superseded_run_id,
+        })
+    }
+
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
+        let res = self
+            .client()
+            .create_run(new_run_to_pb(new))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(CreateRunOutcome {
+            created: res.created,
+            record: record(res.record)?,
+            fingerprint_mismatch: res.fingerprint_mismatch,
+        })
+    }
+
+    async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
+        let res = self
+            .client()
+            .update_run(run_update_to_pb(update))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        record(res.record)
+    }
+
+    async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
+        let res = self
+            .client()
+            .get_run(pb::GetRunRequest {
+                run_id: run_id.to_owned(),
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        res.record.map(run_from_pb).transpose()
+    }
+
+    async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
+        let res = self
+            .client()
+            .list_active_runs(pb::ListActiveRunsRequest {
+                owner: owner.map(str::to_owned),
+            })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        res.runs.into_iter().map(run_from_pb).collect()
+    }
+
+    async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
+        let res = self
+            .client()
+            .purge_expired_runs(pb::PurgeExpiredRunsRequest { ended_before_ms })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(res.purged)
+    }
+}

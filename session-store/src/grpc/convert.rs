@@ -1,0 +1,300 @@
+//! Conversions between the protobuf messages and the domain types. Parsing a
+//! request checks its shape (keys, UUIDs, enums); `limits` checks sizes.
+
+use clawgate_proto::session_store::v1 as pb;
+
+use crate::error::StoreError;
+use crate::key::SessionKey;
+use crate::model::*;
+
+pub fn session_to_pb(s: Session) -> pb::Session {
+    pb::Session {
+        session_key: s.key.as_str().to_owned(),
+        session_id: s.session_id.to_string(),
+        active_writer_run_id: s.active_writer_run_id,
+        fence_token: s.fence_token,
+        created_at_ms: s.created_at_ms,
+        updated_at_ms: s.updated_at_ms,
+        label: s.label,
+        last_run_id: s.last_run_id,
+        last_run_status: status_to_pb(s.last_run_status) as i32,
+        entry_count: s.entry_count,
+    }
+}
+
+pub fn session_from_pb(s: pb::Session) -> Result<Session, StoreError> {
+    Ok(Session {
+        key: SessionKey::parse(&s.session_key)?,
+        session_id: parse_session_id(&s.session_id)?,
+        active_writer_run_id: s.active_writer_run_id,
+        fence_token: s.fence_token,
+        created_at_ms: s.created_at_ms,
+        updated_at_ms: s.updated_at_ms,
+        label: s.label,
+        last_run_id: s.last_run_id,
+        last_run_status: status_from_pb(s.last_run_status)?,
+        entry_count: s.entry_count,
+    })
+}
+
+pub fn status_to_pb(status: Option<RunStatus>) -> pb::RunStatus {
+    use pb::RunStatus as P;
+    match status {
+        None => P::Unspecified,
+        Some(RunStatus::Accepted) => P::Accepted,
+        Some(RunStatus::Queued) => P::Queued,
+        Some(RunStatus::Running) => P::Running,
+        Some(RunStatus::Ok) => P::Ok,
+        Some(RunStatus::Error) => P::Error,
+        Some(RunStatus::Aborted) => P::Aborted,
+        Some(RunStatus::Timeout) => P::Timeout,
+        Some(RunStatus::Superseded) => P::Superseded,
+        Some(RunStatus::Lost) => P::Lost,
+    }
+}
+
+/// `UNSPECIFIED` is `None`; numbers outside the enum are refused.
+pub fn status_from_pb(raw: i32) -> Result<Option<RunStatus>, StoreError> {
+    use pb::RunStatus as P;
+    let status = P::try_from(raw)
+        .map_err(|_| StoreError::invalid(format!("unknown run status {raw}")))?;
+    Ok(match status {
+        P::Unspecified => None,
+        P::Accepted => Some(RunStatus::Accepted),
+        P::Queued => Some(RunStatus::Queued),
+        P::Running => Some(RunStatus::Running),
+        P::Ok => Some(RunStatus::Ok),
+        P::Error => Some(RunStatus::Error),
+        P::Aborted => Some(RunStatus::Aborted),
+        P::Timeout => Some(RunStatus::Timeout),
+        P::Superseded => Some(RunStatus::Superseded),
+        P::Lost => Some(RunStatus::Lost),
+    })
+}
+
+fn required_status(raw: i32, field: &str) -> Result<RunStatus, StoreError> {
+    status_from_pb(raw)?.ok_or_else(|| StoreError::invalid(format!("{field} must be set")))
+}
+
+pub fn metadata_to_pb(m: EntryMetadata) -> pb::EntryMetadata {
+    pb::EntryMetadata {
+        stop_reason: m.stop_reason,
+        usage_json: m.usage_json,
+        aborted: m.aborted,
+    }
+}
+
+pub fn metadata_from_pb(m: Option<pb::EntryMetadata>) -> EntryMetadata {
+    let m = m.unwrap_or_default();
+    EntryMetadata {
+        stop_reason: m.stop_reason,
+        usage_json: m.usage_json,
+        aborted: m.aborted,
+    }
+}
+
+pub fn entry_to_pb(e: TranscriptEntry) -> pb::TranscriptEntry {
+    pb::TranscriptEntry {
+        seq: e.seq,
+        role: e.role,
+        content_json: e.content_json,
+        timestamp_ms: e.timestamp_ms,
+        run_id: e.run_id,
+        metadata: Some(metadata_to_pb(e.metadata)),
+    }
+}
+
+pub fn entry_from_pb(e: pb::TranscriptEntry) -> TranscriptEntry {
+    TranscriptEntry {
+        seq: e.seq,
+        role: e.role,
+        content_json: e.content_json,
+        timestamp_ms: e.timestamp_ms,
+        run_id: e.run_id,
+        metadata: metadata_from_pb(e.metadata),
+    }
+}
+
+pub fn new_entry_to_pb(e: NewEntry) -> pb::NewEntry {
+    pb::NewEntry {
+        role: e.role,
+        content_json: e.content_json,
+        timestamp_ms: e.timestamp_ms.unwrap_or(0),
+        metadata: Some(metadata_to_pb(e.metadata)),
+    }
+}
+
+pub fn new_entry_from_pb(e: pb::NewEntry) -> NewEntry {
+    NewEntry {
+        role: e.role,
+        content_json: e.content_json,
+        timestamp_ms: (e.timestamp_ms != 0).then_some(e.timestamp_ms),
+        metadata: metadata_from_pb(e.metadata),
+    }
+}
+
+pub fn run_to_pb(r: RunRecord) -> pb::RunRecord {
+    pb::RunRecord {
+        run_id: r.run_id,
+        session_key: r.session_key,
+        kind: r.kind,
+        fingerprint: r.fingerprint,
+        status: status_to_pb(Some(r.status)) as i32,
+        version: r.version,
+        created_at_ms: r.created_at_ms,
+        updated_at_ms: r.updated_at_ms,
+        started_at_ms: r.started_at_ms,
+        ended_at_ms: r.ended_at_ms,
+        owner: r.owner,
+        request_json: r.request_json,
+        outcome_json: r.outcome_json,
+        session_id: r.session_id.map(|id| id.to_string()),
+        fence_token: r.fence_token,
+    }
+}
+
+pub fn run_from_pb(r: pb::RunRecord) -> Result<RunRecord, StoreError> {
+    Ok(RunRecord {
+        status: required_status(r.status, "status")?,
+        session_id: r.session_id.as_deref().map(parse_session_id).transpose()?,
+        run_id: r.run_id,
+        session_key: r.session_key,
+        kind: r.kind,
+        fingerprint: r.fingerprint,
+        version: r.version,
+        created_at_ms: r.created_at_ms,
+        updated_at_ms: r.updated_at_ms,
+        started_at_ms: r.started_at_ms,
+        ended_at_ms: r.ended_at_ms,
+        owner: r.owner,
+        request_json: r.request_json,
+        outcome_json: r.outcome_json,
+        fence_token: r.fence_token,
+    })
+}
+
+pub fn expected_session_from_pb(raw: &str) -> Result<ExpectedSession, StoreError> {
+    match raw {
+        "" | "current" => Ok(ExpectedSession::Current),
+        id => parse_session_id(id).map(ExpectedSession::Id),
+    }
+}
+
+pub fn expected_session_to_pb(expected: &ExpectedSession) -> String {
+    match expected {
+        ExpectedSession::Current => "current".to_owned(),
+        ExpectedSession::Id(id) => id.to_string(),
+    }
+}
+
+pub fn acquire_from_pb(r: pb::AcquireWriterRequest) -> Result<AcquireWriter, StoreError> {
+    let mode = match pb::AcquireMode::try_from(r.mode) {
+        Ok(pb::AcquireMode::Unspecified | pb::AcquireMode::Cas) => AcquireMode::Cas,
+        Ok(pb::AcquireMode::Takeover) => AcquireMode::Takeover,
+        Err(_) => return Err(StoreError::invalid(format!("unknown acquire mode {}", r.mode))),
+    };
+    Ok(AcquireWriter {
+        key: SessionKey::parse(&r.session_key)?,
+        expected_session: expected_session_from_pb(&r.expected_session_id)?,
+        expected_writer: r.expected_writer_run_id,
+        run_id: r.run_id,
+        mode,
+        label: r.label,
+    })
+}
+
+pub fn acquire_to_pb(r: AcquireWriter) -> pb::AcquireWriterRequest {
+    pb::AcquireWriterRequest {
+        session_key: r.key.as_str().to_owned(),
+        expected_session_id: expected_session_to_pb(&r.expected_session),
+        expected_writer_run_id: r.expected_writer,
+        run_id: r.run_id,
+        mode: match r.mode {
+            AcquireMode::Cas => pb::AcquireMode::Cas,
+            AcquireMode::Takeover => pb::AcquireMode::Takeover,
+        } as i32,
+        label: r.label,
+    }
+}
+
+pub fn history_from_pb(r: pb::HistoryRequest) -> Result<HistoryQuery, StoreError> {
+    let cursor = match (r.before_seq, r.after_seq) {
+        (Some(_), Some(_)) => {
+            return Err(StoreError::invalid(
+                "set at most one of before_seq and after_seq",
+            ));
+        }
+        (Some(before), None) => HistoryCursor::Before(before),
+        (None, Some(after)) => HistoryCursor::After(after),
+        (None, None) => HistoryCursor::Latest,
+    };
+    Ok(HistoryQuery {
+        key: SessionKey::parse(&r.session_key)?,
+        limit: r.limit,
+        cursor,
+        max_chars: r.max_chars,
+    })
+}
+
+pub fn history_to_pb(q: HistoryQuery) -> pb::HistoryRequest {
+    let (before_seq, after_seq) = match q.cursor {
+        HistoryCursor::Latest => (None, None),
+        HistoryCursor::Before(n) => (Some(n), None),
+        HistoryCursor::After(n) => (None, Some(n)),
+    };
+    pb::HistoryRequest {
+        session_key: q.key.as_str().to_owned(),
+        limit: q.limit,
+        before_seq,
+        after_seq,
+        max_chars: q.max_chars,
+    }
+}
+
+pub fn run_update_from_pb(r: pb::UpdateRunRequest) -> Result<RunUpdate, StoreError> {
+    Ok(RunUpdate {
+        status: required_status(r.status, "status")?,
+        session_id: r.session_id.as_deref().map(parse_session_id).transpose()?,
+        run_id: r.run_id,
+        expected_version: r.expected_version,
+        owner: r.owner,
+        outcome_json: r.outcome_json,
+        fence_token: r.fence_token,
+    })
+}
+
+pub fn run_update_to_pb(u: RunUpdate) -> pb::UpdateRunRequest {
+    pb::UpdateRunRequest {
+        run_id: u.run_id,
+        expected_version: u.expected_version,
+        status: status_to_pb(Some(u.status)) as i32,
+        owner: u.owner,
+        outcome_json: u.outcome_json,
+        session_id: u.session_id.map(|id| id.to_string()),
+        fence_token: u.fence_token,
+    }
+}
+
+pub fn new_run_from_pb(r: pb::CreateRunRequest) -> Result<NewRun, StoreError> {
+    Ok(NewRun {
+        status: status_from_pb(r.status)?.unwrap_or(RunStatus::Accepted),
+        session_key: SessionKey::parse(&r.session_key)?,
+        run_id: r.run_id,
+        kind: r.kind,
+        fingerprint: r.fingerprint,
+        owner: r.owner,
+        request_json: r.request_json,
+    })
+}
+
+pub fn new_run_to_pb(n: NewRun) -> pb::CreateRunRequest {
+    pb::CreateRunRequest {
+        run_id: n.run_id,
+        session_key: n.session_key.as_str().to_owned(),
+        kind: n.kind,
+        fingerprint: n.fingerprint,
+        status: status_to_pb(Some(n.status)) as i32,
+        owner: n.owner,
+        request_json: n.request_json,
+    }
+}

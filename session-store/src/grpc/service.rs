@@ -1,0 +1,230 @@
+//! The tonic adapter: decode, call the domain store, encode. No logic here.
+
+use std::sync::Arc;
+
+use clawgate_proto::session_store::v1 as pb;
+use clawgate_proto::session_store::v1::session_store_server::SessionStore as GrpcSessionStore;
+use tonic::{Request, Response, Status};
+
+use super::convert::*;
+use super::status::to_status;
+use crate::key::SessionKey;
+use crate::model::{DeleteOutcome, ListQuery, ResetOutcome};
+use crate::store::{SessionStore, now_ms};
+
+pub struct SessionStoreService {
+    store: Arc<dyn SessionStore>,
+}
+
+impl SessionStoreService {
+    pub fn new(store: Arc<dyn SessionStore>) -> Self {
+        Self { store }
+    }
+}
+
+type GrpcResult<T> = Result<Response<T>, Status>;
+
+fn key(raw: &str) -> Result<SessionKey, Status> {
+    SessionKey::parse(raw).map_err(to_status)
+}
+
+fn reset_to_pb(out: ResetOutcome) -> pb::ResetSessionResponse {
+    pb::ResetSessionResponse {
+        session: Some(session_to_pb(out.session)),
+        previous_session_id: out.previous_session_id.map(|id| id.to_string()),
+        superseded_run_id: out.superseded_run_id,
+    }
+}
+
+fn delete_to_pb(out: DeleteOutcome) -> pb::DeleteSessionResponse {
+    pb::DeleteSessionResponse {
+        deleted: out.deleted,
+        previous_session_id: out.previous_session_id.map(|id| id.to_string()),
+        superseded_run_id: out.superseded_run_id,
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcSessionStore for SessionStoreService {
+    async fn acquire_writer(
+        &self,
+        request: Request<pb::AcquireWriterRequest>,
+    ) -> GrpcResult<pb::AcquireWriterResponse> {
+        let req = acquire_from_pb(request.into_inner()).map_err(to_status)?;
+        let got = self.store.acquire_writer(req).await.map_err(to_status)?;
+        Ok(Response::new(pb::AcquireWriterResponse {
+            fence_token: got.fence_token,
+            session: Some(session_to_pb(got.session)),
+            superseded_run_id: got.superseded_run_id,
+            session_created: got.session_created,
+        }))
+    }
+
+    async fn release_writer(
+        &self,
+        request: Request<pb::ReleaseWriterRequest>,
+    ) -> GrpcResult<pb::ReleaseWriterResponse> {
+        let req = request.into_inner();
+        let out = self
+            .store
+            .release_writer(&key(&req.session_key)?, &req.run_id, req.fence_token)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ReleaseWriterResponse {
+            released: out.released,
+            session: out.session.map(session_to_pb),
+        }))
+    }
+
+    async fn append(&self, request: Request<pb::AppendRequest>) -> GrpcResult<pb::AppendResponse> {
+        let req = request.into_inner();
+        let append = crate::model::AppendEntries {
+            key: key(&req.session_key)?,
+            session_id: crate::model::parse_session_id(&req.session_id).map_err(to_status)?,
+            run_id: req.run_id,
+            fence_token: req.fence_token,
+            entries: req.entries.into_iter().map(new_entry_from_pb).collect(),
+        };
+        let out = self.store.append(append).await.map_err(to_status)?;
+        Ok(Response::new(pb::AppendResponse {
+            first_seq: out.first_seq,
+            last_seq: out.last_seq,
+            session: Some(session_to_pb(out.session)),
+        }))
+    }
+
+    async fn history(&self, request: Request<pb::HistoryRequest>) -> GrpcResult<pb::HistoryResponse> {
+        let query = history_from_pb(request.into_inner()).map_err(to_status)?;
+        let session_key = query.key.as_str().to_owned();
+        let page = self.store.history(query).await.map_err(to_status)?;
+        Ok(Response::new(pb::HistoryResponse {
+            session_key,
+            session_id: page.session_id.map(|id| id.to_string()).unwrap_or_default(),
+            entries: page.entries.into_iter().map(entry_to_pb).collect(),
+            has_more: page.has_more,
+            total: page.total,
+        }))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> GrpcResult<pb::GetSessionResponse> {
+        let session = self
+            .store
+            .get_session(&key(&request.into_inner().session_key)?)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::GetSessionResponse {
+            session: session.map(session_to_pb),
+        }))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> GrpcResult<pb::ListSessionsResponse> {
+        let req = request.into_inner();
+        if req.active_minutes == Some(0) {
+            return Err(to_status(crate::StoreError::invalid(
+                "active_minutes must be at least 1",
+            )));
+        }
+        let query = ListQuery {
+            limit: req.limit,
+            updated_since_ms: req
+                .active_minutes
+                .map(|minutes| now_ms() - i64::from(minutes) * 60_000)
+                .max(req.updated_since_ms),
+            search: req.search.filter(|s| !s.is_empty()),
+        };
+        let sessions = self.store.list_sessions(query).await.map_err(to_status)?;
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: sessions.into_iter().map(session_to_pb).collect(),
+        }))
+    }
+
+    async fn reset_session(
+        &self,
+        request: Request<pb::ResetSessionRequest>,
+    ) -> GrpcResult<pb::ResetSessionResponse> {
+        let k = key(&request.into_inner().session_key)?;
+        let out = self.store.reset_session(&k).await.map_err(to_status)?;
+        Ok(Response::new(reset_to_pb(out)))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> GrpcResult<pb::DeleteSessionResponse> {
+        let req = request.into_inner();
+        let out = self
+            .store
+            .delete_session(&key(&req.session_key)?, req.delete_transcript)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(delete_to_pb(out)))
+    }
+
+    async fn create_run(
+        &self,
+        request: Request<pb::CreateRunRequest>,
+    ) -> GrpcResult<pb::CreateRunResponse> {
+        let new = new_run_from_pb(request.into_inner()).map_err(to_status)?;
+        let out = self.store.create_run(new).await.map_err(to_status)?;
+        Ok(Response::new(pb::CreateRunResponse {
+            created: out.created,
+            record: Some(run_to_pb(out.record)),
+            fingerprint_mismatch: out.fingerprint_mismatch,
+        }))
+    }
+
+    async fn update_run(
+        &self,
+        request: Request<pb::UpdateRunRequest>,
+    ) -> GrpcResult<pb::UpdateRunResponse> {
+        let update = run_update_from_pb(request.into_inner()).map_err(to_status)?;
+        let record = self.store.update_run(update).await.map_err(to_status)?;
+        Ok(Response::new(pb::UpdateRunResponse {
+            record: Some(run_to_pb(record)),
+        }))
+    }
+
+    async fn get_run(&self, request: Request<pb::GetRunRequest>) -> GrpcResult<pb::GetRunResponse> {
+        let record = self
+            .store
+            .get_run(&request.into_inner().run_id)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::GetRunResponse {
+            record: record.map(run_to_pb),
+        }))
+    }
+
+    async fn list_active_runs(
+        &self,
+        request: Request<pb::ListActiveRunsRequest>,
+    ) -> GrpcResult<pb::ListActiveRunsResponse> {
+        let owner = request.into_inner().owner;
+        let runs = self
+            .store
+            .list_active_runs(owner.as_deref())
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ListActiveRunsResponse {
+            runs: runs.into_iter().map(run_to_pb).collect(),
+        }))
+    }
+
+    async fn purge_expired_runs(
+        &self,
+        request: Request<pb::PurgeExpiredRunsRequest>,
+    ) -> GrpcResult<pb::PurgeExpiredRunsResponse> {
+        let purged = self
+            .store
+            .purge_expired_runs(request.into_inner().ended_before_ms)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::PurgeExpiredRunsResponse { purged }))
+    }
+}

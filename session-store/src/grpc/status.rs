@@ -1,0 +1,141 @@
+//! `StoreError` ↔ `tonic::Status`, in one place.
+//!
+//! The gRPC code says how a caller should react; the machine-readable
+//! `StoreErrorDetail` (code + current values) travels as a google.protobuf.Any
+//! inside the standard google.rpc.Status details trailer, so the remote client
+//! rebuilds the exact `StoreError`.
+
+use clawgate_proto::rpc::v1 as rpc;
+use clawgate_proto::session_store::v1 as pb;
+use prost::Message;
+use tonic::{Code, Status};
+
+use super::convert::{run_from_pb, run_to_pb, session_from_pb, session_to_pb};
+use crate::error::StoreError;
+
+const DETAIL_TYPE_URL: &str = "type.googleapis.com/clawgate.session_store.v1.StoreErrorDetail";
+
+fn grpc_code(err: &StoreError) -> Code {
+    match err {
+        StoreError::InvalidArgument(_) => Code::InvalidArgument,
+        // Superseded or stale: retrying the same call cannot succeed.
+        StoreError::StaleWriter { .. }
+        | StoreError::SessionReplaced { .. }
+        | StoreError::RunTerminal { .. } => Code::FailedPrecondition,
+        // Lost a compare-and-swap race: re-read and decide again.
+        StoreError::WriterConflict { .. } | StoreError::RunVersionConflict { .. } => Code::Aborted,
+        StoreError::RunNotFound(_) => Code::NotFound,
+        StoreError::Unavailable(_) => Code::Unavailable,
+        StoreError::Internal(_) => Code::Internal,
+    }
+}
+
+fn detail_code(err: &StoreError) -> pb::ErrorCode {
+    use pb::ErrorCode as C;
+    match err {
+        StoreError::InvalidArgument(_) => C::InvalidArgument,
+        StoreError::StaleWriter { .. } => C::StaleWriter,
+        StoreError::SessionReplaced { .. } => C::SessionReplaced,
+        StoreError::WriterConflict { .. } => C::WriterConflict,
+        StoreError::RunNotFound(_) => C::RunNotFound,
+        StoreError::RunVersionConflict { .. } => C::RunVersionConflict,
+        StoreError::RunTerminal { .. } => C::RunTerminal,
+        StoreError::Unavailable(_) => C::Unavailable,
+        StoreError::Internal(_) => C::Internal,
+    }
+}
+
+pub fn to_status(err: StoreError) -> Status {
+    let code = grpc_code(&err);
+    let message = err.to_string();
+    let mut detail = pb::StoreErrorDetail {
+        code: detail_code(&err) as i32,
+        ..Default::default()
+    };
+    match err {
+        StoreError::StaleWriter { current, .. }
+        | StoreError::SessionReplaced { current, .. }
+        | StoreError::WriterConflict { current, .. } => {
+            detail.current_session = current.map(|s| session_to_pb(*s));
+        }
+        StoreError::RunVersionConflict { expected, current } => {
+            detail.expected_version = Some(expected);
+            detail.current_run = Some(run_to_pb(*current));
+        }
+        StoreError::RunTerminal { current } => detail.current_run = Some(run_to_pb(*current)),
+        StoreError::RunNotFound(run_id) => detail.run_id = Some(run_id),
+        _ => {}
+    }
+    let details = rpc::Status {
+        code: code as i32,
+        message: message.clone(),
+        details: vec![prost_types::Any {
+            type_url: DETAIL_TYPE_URL.to_owned(),
+            value: detail.encode_to_vec(),
+        }],
+    };
+    Status::with_details(code, message, details.encode_to_vec().into())
+}
+
+/// Rebuilds the `StoreError` a server sent. A status without our detail (a
+/// transport failure, a proxy) maps by its gRPC code.
+pub fn from_status(status: Status) -> StoreError {
+    let message = status.message().to_owned();
+    let detail = rpc::Status::decode(status.details())
+        .ok()
+        .and_then(|s| s.details.into_iter().find(|d| d.type_url == DETAIL_TYPE_URL))
+        .and_then(|any| pb::StoreErrorDetail::decode(any.value.as_slice()).ok());
+    let Some(detail) = detail else {
+        return match status.code() {
+            Code::InvalidArgument => StoreError::InvalidArgument(message),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+                StoreError::Unavailable(format!("session store: {message}"))
+            }
+            code => StoreError::Internal(format!("session store: {code:?}: {message}")),
+        };
+    };
+    let session = || {
+        detail
+            .current_session
+            .clone()
+            .and_then(|s| session_from_pb(s).ok())
+            .map(Box::new)
+    };
+    let run = || {
+        detail
+            .current_run
+            .clone()
+            .and_then(|r| run_from_pb(r).ok())
+            .map(Box::new)
+    };
+    use pb::ErrorCode as C;
+    match C::try_from(detail.code).unwrap_or(C::Unspecified) {
+        C::InvalidArgument => StoreError::InvalidArgument(message),
+        C::StaleWriter => StoreError::StaleWriter {
+            message,
+            current: session(),
+        },
+        C::SessionReplaced => StoreError::SessionReplaced {
+            message,
+            current: session(),
+        },
+        C::WriterConflict => StoreError::WriterConflict {
+            message,
+            current: session(),
+        },
+        C::RunNotFound => StoreError::RunNotFound(detail.run_id.clone().unwrap_or_default()),
+        C::RunVersionConflict => match run() {
+            Some(current) => StoreError::RunVersionConflict {
+                expected: detail.expected_version.unwrap_or_default(),
+                current,
+            },
+            None => StoreError::Internal(message),
+        },
+        C::RunTerminal => match run() {
+            Some(current) => StoreError::RunTerminal { current },
+            None => StoreError::Internal(message),
+        },
+        C::Unavailable => StoreError::Unavailable(message),
+        C::Internal | C::Unspecified => StoreError::Internal(message),
+    }
+}

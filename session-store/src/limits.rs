@@ -1,0 +1,275 @@
+//! Input limits, enforced in one place: `Checked` wraps any backend and
+//! refuses bad input with `InvalidArgument` before anything is written.
+//! Every limit is configurable (see `config.rs` and docs/session-store.md).
+
+use async_trait::async_trait;
+
+use crate::error::{StoreError, StoreResult};
+use crate::key::SessionKey;
+use crate::model::*;
+use crate::store::SessionStore;
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// One entry: role + content_json + usage_json + stop_reason, in bytes.
+    pub max_entry_bytes: usize,
+    pub max_entries_per_append: usize,
+    /// All entries of one Append together, in bytes.
+    pub max_append_bytes: usize,
+    pub default_history_limit: u32,
+    pub max_history_limit: u32,
+    /// The largest `max_chars` a History call may ask for; also the budget
+    /// applied when it asks for none, so a page always fits a gRPC message.
+    pub max_history_chars: u32,
+    pub default_list_limit: u32,
+    pub max_list_limit: u32,
+    pub max_label_chars: usize,
+    /// kind, fingerprint, owner, role.
+    pub max_name_chars: usize,
+    /// request_json and outcome_json of a run record, in bytes.
+    pub max_run_payload_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_entry_bytes: 1024 * 1024,
+            max_entries_per_append: 256,
+            max_append_bytes: 4 * 1024 * 1024,
+            default_history_limit: 200,
+            max_history_limit: 1000,
+            max_history_chars: 3_000_000,
+            default_list_limit: 100,
+            max_list_limit: 1000,
+            max_label_chars: 512,
+            max_name_chars: 256,
+            max_run_payload_bytes: 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    fn check_name(&self, field: &str, value: &str, allow_empty: bool) -> StoreResult<()> {
+        if value.is_empty() && !allow_empty {
+            return Err(StoreError::invalid(format!("{field} must not be empty")));
+        }
+        if value.chars().count() > self.max_name_chars {
+            return Err(StoreError::invalid(format!(
+                "{field} is longer than {} characters",
+                self.max_name_chars
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_label(&self, label: Option<&str>) -> StoreResult<()> {
+        match label {
+            Some(l) if l.chars().count() > self.max_label_chars => Err(StoreError::invalid(
+                format!("label is longer than {} characters", self.max_label_chars),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_run_payload(&self, field: &str, value: &str) -> StoreResult<()> {
+        if value.len() > self.max_run_payload_bytes {
+            return Err(StoreError::invalid(format!(
+                "{field} is {} bytes; the maximum is {}",
+                value.len(),
+                self.max_run_payload_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn check_entries(&self, entries: &[NewEntry]) -> StoreResult<()> {
+        if entries.is_empty() {
+            return Err(StoreError::invalid("append needs at least one entry"));
+        }
+        if entries.len() > self.max_entries_per_append {
+            return Err(StoreError::invalid(format!(
+                "append has {} entries; the maximum is {}",
+                entries.len(),
+                self.max_entries_per_append
+            )));
+        }
+        let mut total = 0usize;
+        for (index, entry) in entries.iter().enumerate() {
+            let at = |msg: String| StoreError::invalid(format!("entries[{index}]: {msg}"));
+            self.check_name("role", &entry.role, false)
+                .map_err(|e| at(e.to_string()))?;
+            let size = entry.role.len()
+                + entry.content_json.len()
+                + entry.metadata.usage_json.as_deref().map_or(0, str::len)
+                + entry.metadata.stop_reason.as_deref().map_or(0, str::len);
+            if size > self.max_entry_bytes {
+                return Err(at(format!(
+                    "entry is {size} bytes; the maximum is {}",
+                    self.max_entry_bytes
+                )));
+            }
+            serde_json::from_str::<serde::de::IgnoredAny>(&entry.content_json)
+                .map_err(|e| at(format!("content_json is not valid JSON: {e}")))?;
+            if let Some(usage) = &entry.metadata.usage_json {
+                serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(usage)
+                    .map_err(|e| at(format!("usage_json is not a JSON object: {e}")))?;
+            }
+            total += size;
+        }
+        if total > self.max_append_bytes {
+            return Err(StoreError::invalid(format!(
+                "append is {total} bytes; the maximum is {}",
+                self.max_append_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Resolves the defaults of a history query and checks its ranges.
+    pub fn history_query(&self, mut query: HistoryQuery) -> StoreResult<HistoryQuery> {
+        if query.limit == 0 {
+            query.limit = self.default_history_limit;
+        }
+        if query.limit > self.max_history_limit {
+            return Err(StoreError::invalid(format!(
+                "limit must be 1..={}, got {}",
+                self.max_history_limit, query.limit
+            )));
+        }
+        match query.max_chars {
+            Some(0) => return Err(StoreError::invalid("maxChars must be at least 1")),
+            Some(n) if n > self.max_history_chars => {
+                return Err(StoreError::invalid(format!(
+                    "maxChars must be 1..={}, got {n}",
+                    self.max_history_chars
+                )));
+            }
+            Some(_) => {}
+            None => query.max_chars = Some(self.max_history_chars),
+        }
+        Ok(query)
+    }
+
+    pub fn list_query(&self, mut query: ListQuery) -> StoreResult<ListQuery> {
+        if query.limit == 0 {
+            query.limit = self.default_list_limit;
+        }
+        if query.limit > self.max_list_limit {
+            return Err(StoreError::invalid(format!(
+                "limit must be 1..={}, got {}",
+                self.max_list_limit, query.limit
+            )));
+        }
+        if let Some(search) = &query.search {
+            self.check_label(Some(search))
+                .map_err(|_| StoreError::invalid("search is too long"))?;
+        }
+        Ok(query)
+    }
+}
+
+/// A store that checks every input against `Limits` before its backend sees it.
+pub struct Checked<S> {
+    inner: S,
+    limits: Limits,
+}
+
+impl<S> Checked<S> {
+    pub fn new(inner: S, limits: Limits) -> Self {
+        Self { inner, limits }
+    }
+}
+
+#[async_trait]
+impl<S: SessionStore> SessionStore for Checked<S> {
+    async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
+        validate_run_id(&req.run_id)?;
+        if let Some(expected) = &req.expected_writer {
+            validate_run_id(expected)?;
+        }
+        self.limits.check_label(req.label.as_deref())?;
+        self.inner.acquire_writer(req).await
+    }
+
+    async fn release_writer(
+        &self,
+        key: &SessionKey,
+        run_id: &str,
+        fence_token: u64,
+    ) -> StoreResult<Released> {
+        validate_run_id(run_id)?;
+        self.inner.release_writer(key, run_id, fence_token).await
+    }
+
+    async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
+        validate_run_id(&req.run_id)?;
+        self.limits.check_entries(&req.entries)?;
+        self.inner.append(req).await
+    }
+
+    async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
+        let query = self.limits.history_query(query)?;
+        self.inner.history(query).await
+    }
+
+    async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
+        self.inner.get_session(key).await
+    }
+
+    async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
+        let query = self.limits.list_query(query)?;
+        self.inner.list_sessions(query).await
+    }
+
+    async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
+        self.inner.reset_session(key).await
+    }
+
+    async fn delete_session(
+        &self,
+        key: &SessionKey,
+        delete_transcript: bool,
+    ) -> StoreResult<DeleteOutcome> {
+        self.inner.delete_session(key, delete_transcript).await
+    }
+
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
+        validate_run_id(&new.run_id)?;
+        self.limits.check_name("kind", &new.kind, false)?;
+        self.limits.check_name("fingerprint", &new.fingerprint, true)?;
+        self.limits.check_name("owner", &new.owner, true)?;
+        self.limits
+            .check_run_payload("request_json", &new.request_json)?;
+        if new.status.is_terminal() || new.status == RunStatus::Running {
+            return Err(StoreError::invalid(format!(
+                "a run is created accepted or queued, not {}",
+                new.status.as_str()
+            )));
+        }
+        self.inner.create_run(new).await
+    }
+
+    async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
+        validate_run_id(&update.run_id)?;
+        if let Some(owner) = &update.owner {
+            self.limits.check_name("owner", owner, true)?;
+        }
+        if let Some(outcome) = &update.outcome_json {
+            self.limits.check_run_payload("outcome_json", outcome)?;
+        }
+        self.inner.update_run(update).await
+    }
+
+    async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
+        validate_run_id(run_id)?;
+        self.inner.get_run(run_id).await
+    }
+
+    async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
+        self.inner.list_active_runs(owner).await
+    }
+
+    async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
+        self.inner.purge_expired_runs(ended_before_ms).await
+    }
+}

@@ -1,0 +1,47 @@
+//! The `session-store` binary: flags/env → `serve` until SIGTERM or ctrl-c.
+
+use clap::Parser;
+use session_store::config::StoreConfig;
+use tokio::net::TcpListener;
+
+#[derive(Parser)]
+#[command(name = "session-store", version, about = "Sessions, transcripts and run records behind a writer fence, over gRPC.")]
+struct Cli {
+    #[command(flatten)]
+    config: StoreConfig,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let config = Cli::parse().config;
+    let listener = TcpListener::bind(config.listen).await?;
+    session_store::server::serve(config, listener, shutdown_signal()).await
+}
+
+/// Resolves on SIGTERM (Kubernetes) or ctrl-c.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

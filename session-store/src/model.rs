@@ -1,0 +1,291 @@
+//! Domain types of the session store (no tonic or prost types here).
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::key::SessionKey;
+
+/// Sessions and runs are identified by their `sessionId` UUID and `runId` string.
+pub type SessionId = Uuid;
+
+pub const MAX_RUN_ID_CHARS: usize = 256;
+
+/// Checks a runId (= idempotency key): 1..=256 characters, no control characters.
+pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
+    if run_id.is_empty() {
+        return Err(StoreError::invalid("runId must not be empty"));
+    }
+    if run_id.chars().count() > MAX_RUN_ID_CHARS {
+        return Err(StoreError::invalid(format!(
+            "runId is longer than {MAX_RUN_ID_CHARS} characters"
+        )));
+    }
+    if run_id.chars().any(char::is_control) {
+        return Err(StoreError::invalid(
+            "runId must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a sessionId sent by a caller.
+pub fn parse_session_id(raw: &str) -> Result<SessionId, StoreError> {
+    Uuid::parse_str(raw)
+        .map_err(|_| StoreError::invalid(format!("sessionId {raw:?} is not a UUID")))
+}
+
+/// What the store tells about a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub key: SessionKey,
+    pub session_id: SessionId,
+    pub active_writer_run_id: Option<String>,
+    /// The last fence token issued for this key (0 when none ever was).
+    pub fence_token: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub label: Option<String>,
+    pub last_run_id: Option<String>,
+    pub last_run_status: Option<RunStatus>,
+    pub entry_count: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AcquireMode {
+    /// Both expectations must hold.
+    #[default]
+    Cas,
+    /// Replace whatever run holds the slot; the sessionId expectation still holds.
+    Takeover,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpectedSession {
+    /// Whatever sessionId the key has now; a session is created if it has none.
+    Current,
+    Id(SessionId),
+}
+
+#[derive(Debug, Clone)]
+pub struct AcquireWriter {
+    pub key: SessionKey,
+    pub expected_session: ExpectedSession,
+    /// `None`: the slot must be free.
+    pub expected_writer: Option<String>,
+    pub run_id: String,
+    pub mode: AcquireMode,
+    /// Stored when this call creates the session.
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Acquired {
+    pub fence_token: u64,
+    pub session: Session,
+    pub superseded_run_id: Option<String>,
+    pub session_created: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Released {
+    pub released: bool,
+    pub session: Option<Session>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryMetadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_json: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub aborted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEntry {
+    pub role: String,
+    /// JSON array of content parts.
+    pub content_json: String,
+    /// `None`: the store's clock.
+    pub timestamp_ms: Option<i64>,
+    pub metadata: EntryMetadata,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranscriptEntry {
+    pub seq: u64,
+    pub role: String,
+    pub content_json: String,
+    pub timestamp_ms: i64,
+    pub run_id: String,
+    #[serde(default)]
+    pub metadata: EntryMetadata,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendEntries {
+    pub key: SessionKey,
+    pub session_id: SessionId,
+    pub run_id: String,
+    pub fence_token: u64,
+    pub entries: Vec<NewEntry>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub session: Session,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryCursor {
+    /// The newest entries.
+    Latest,
+    /// Entries with seq < n, newest first up to the limit.
+    Before(u64),
+    /// Entries with seq > n, oldest first up to the limit.
+    After(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct HistoryQuery {
+    pub key: SessionKey,
+    pub limit: u32,
+    pub cursor: HistoryCursor,
+    pub max_chars: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct HistoryPage {
+    /// `None` when the key has no session.
+    pub session_id: Option<SessionId>,
+    /// Ascending seq.
+    pub entries: Vec<TranscriptEntry>,
+    pub has_more: bool,
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub limit: u32,
+    /// Only sessions updated at or after this instant.
+    pub updated_since_ms: Option<i64>,
+    /// Case-insensitive substring of key or label.
+    pub search: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResetOutcome {
+    pub session: Session,
+    pub previous_session_id: Option<SessionId>,
+    pub superseded_run_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeleteOutcome {
+    pub deleted: bool,
+    pub previous_session_id: Option<SessionId>,
+    pub superseded_run_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Accepted,
+    Queued,
+    Running,
+    Ok,
+    Error,
+    Aborted,
+    Timeout,
+    Superseded,
+    Lost,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 9] = [
+        Self::Accepted,
+        Self::Queued,
+        Self::Running,
+        Self::Ok,
+        Self::Error,
+        Self::Aborted,
+        Self::Timeout,
+        Self::Superseded,
+        Self::Lost,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Self::Accepted | Self::Queued | Self::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+            Self::Timeout => "timeout",
+            Self::Superseded => "superseded",
+            Self::Lost => "lost",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub session_key: String,
+    pub kind: String,
+    pub fingerprint: String,
+    pub status: RunStatus,
+    pub version: u64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+    pub owner: String,
+    pub request_json: String,
+    pub outcome_json: Option<String>,
+    pub session_id: Option<SessionId>,
+    pub fence_token: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub run_id: String,
+    pub session_key: SessionKey,
+    pub kind: String,
+    pub fingerprint: String,
+    /// `Accepted` or `Queued`.
+    pub status: RunStatus,
+    pub owner: String,
+    pub request_json: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct CreateRunOutcome {
+    pub created: bool,
+    pub record: RunRecord,
+    pub fingerprint_mismatch: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunUpdate {
+    pub run_id: String,
+    pub expected_version: u64,
+    pub status: RunStatus,
+    pub owner: Option<String>,
+    pub outcome_json: Option<String>,
+    pub session_id: Option<SessionId>,
+    pub fence_token: Option<u64>,
+}

@@ -1,0 +1,434 @@
+//! The decisions of the store as pure functions over the persisted state.
+//!
+//! Every backend loads the state it needs inside one serializable unit (a redb
+//! write transaction, a PostgreSQL transaction holding `FOR UPDATE` on the
+//! session row, a mutex), applies one of these functions and writes back what
+//! changed. So the fence semantics are written once and the backends differ
+//! only in how they lock and persist.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::key::SessionKey;
+use crate::model::*;
+
+/// The persisted state of one session key. It outlives resets and deletes so
+/// that `last_fence` is never reused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSlot {
+    pub last_fence: u64,
+    /// `None`: the key has no session (never had, or it was deleted).
+    pub current: Option<SessionState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub session_id: SessionId,
+    pub writer: Option<Writer>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub label: Option<String>,
+    pub last_run_id: Option<String>,
+    pub last_run_status: Option<RunStatus>,
+    /// = the seq of the last transcript entry of this sessionId.
+    pub entry_count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Writer {
+    pub run_id: String,
+    pub fence: u64,
+}
+
+impl SessionState {
+    fn fresh(session_id: SessionId, now_ms: i64, label: Option<String>) -> Self {
+        Self {
+            session_id,
+            writer: None,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            label,
+            last_run_id: None,
+            last_run_status: None,
+            entry_count: 0,
+        }
+    }
+
+    fn writer_run_id(&self) -> Option<&str> {
+        self.writer.as_ref().map(|w| w.run_id.as_str())
+    }
+}
+
+impl SessionSlot {
+    pub fn view(&self, key: &SessionKey) -> Option<Session> {
+        let state = self.current.as_ref()?;
+        Some(Session {
+            key: key.clone(),
+            session_id: state.session_id,
+            active_writer_run_id: state.writer.as_ref().map(|w| w.run_id.clone()),
+            fence_token: self.last_fence,
+            created_at_ms: state.created_at_ms,
+            updated_at_ms: state.updated_at_ms,
+            label: state.label.clone(),
+            last_run_id: state.last_run_id.clone(),
+            last_run_status: state.last_run_status,
+            entry_count: state.entry_count,
+        })
+    }
+
+    fn boxed_view(&self, key: &SessionKey) -> Option<Box<Session>> {
+        self.view(key).map(Box::new)
+    }
+}
+
+/// AcquireWriter. `new_session_id` is called only when a session is created.
+pub fn acquire(
+    slot: &mut SessionSlot,
+    req: &AcquireWriter,
+    now_ms: i64,
+    new_session_id: impl FnOnce() -> SessionId,
+) -> Result<Acquired, StoreError> {
+    let key = &req.key;
+    let session_created = match (&slot.current, &req.expected_session) {
+        (None, ExpectedSession::Current) => true,
+        (None, ExpectedSession::Id(expected)) => {
+            return Err(StoreError::SessionReplaced {
+                message: format!("session {expected} of {key} no longer exists"),
+                current: None,
+            });
+        }
+        (Some(state), ExpectedSession::Id(expected)) if state.session_id != *expected => {
+            return Err(StoreError::SessionReplaced {
+                message: format!(
+                    "{key} expected session {expected}, current is {}",
+                    state.session_id
+                ),
+                current: slot.boxed_view(key),
+            });
+        }
+        (Some(_), _) => false,
+    };
+    if session_created {
+        slot.current = Some(SessionState::fresh(
+            new_session_id(),
+            now_ms,
+            req.label.clone(),
+        ));
+    }
+    let holder = slot
+        .current
+        .as_ref()
+        .and_then(|s| s.writer_run_id())
+        .map(str::to_owned);
+    if req.mode == AcquireMode::Cas && holder != req.expected_writer {
+        return Err(StoreError::WriterConflict {
+            message: format!(
+                "{key}: expected writer {}, current writer {}",
+                describe_writer(req.expected_writer.as_deref()),
+                describe_writer(holder.as_deref())
+            ),
+            current: slot.boxed_view(key),
+        });
+    }
+    // A run re-acquiring its own slot refreshes its fence; it supersedes nobody.
+    let superseded_run_id = holder.filter(|h| *h != req.run_id);
+    slot.last_fence += 1;
+    let fence = slot.last_fence;
+    let state = slot.current.as_mut().expect("session exists here");
+    state.writer = Some(Writer {
+        run_id: req.run_id.clone(),
+        fence,
+    });
+    state.updated_at_ms = now_ms;
+    state.last_run_id = Some(req.run_id.clone());
+    state.last_run_status = Some(RunStatus::Running);
+    Ok(Acquired {
+        fence_token: fence,
+        session: slot.view(key).expect("session exists here"),
+        superseded_run_id,
+        session_created,
+    })
+}
+
+fn describe_writer(run_id: Option<&str>) -> String {
+    run_id.map_or_else(|| "none".to_owned(), |r| format!("{r:?}"))
+}
+
+/// ReleaseWriter: clears the slot only if (run_id, fence) still holds it.
+/// Returns whether it did.
+pub fn release(slot: &mut SessionSlot, run_id: &str, fence: u64, now_ms: i64) -> bool {
+    let Some(state) = slot.current.as_mut() else {
+        return false;
+    };
+    let holds = state
+        .writer
+        .as_ref()
+        .is_some_and(|w| w.run_id == run_id && w.fence == fence);
+    if holds {
+        state.writer = None;
+        state.updated_at_ms = now_ms;
+    }
+    holds
+}
+
+/// Checks the fence of an Append and reserves `count` seqs. Returns the first
+/// seq; the caller stores the entries `first..first + count`.
+pub fn reserve_append(
+    slot: &mut SessionSlot,
+    req: &AppendEntries,
+    now_ms: i64,
+) -> Result<u64, StoreError> {
+    let key = &req.key;
+    let current = slot.boxed_view(key);
+    let Some(state) = slot.current.as_mut() else {
+        return Err(StoreError::SessionReplaced {
+            message: format!("{key} has no session (deleted?)"),
+            current: None,
+        });
+    };
+    if state.session_id != req.session_id {
+        return Err(StoreError::SessionReplaced {
+            message: format!(
+                "{key}: session {} was replaced by {}",
+                req.session_id, state.session_id
+            ),
+            current,
+        });
+    }
+    let holds = state
+        .writer
+        .as_ref()
+        .is_some_and(|w| w.run_id == req.run_id && w.fence == req.fence_token);
+    if !holds {
+        return Err(StoreError::StaleWriter {
+            message: format!(
+                "{key}: run {:?} with fence {} is not the writer (writer {}, last fence {})",
+                req.run_id,
+                req.fence_token,
+                describe_writer(state.writer_run_id()),
+                slot.last_fence
+            ),
+            current,
+        });
+    }
+    let first = state.entry_count + 1;
+    state.entry_count += req.entries.len() as u64;
+    state.updated_at_ms = now_ms;
+    Ok(first)
+}
+
+/// The stored form of the entries of a successful Append, from `first_seq` on.
+pub fn stamp_entries(req: &AppendEntries, first_seq: u64, now_ms: i64) -> Vec<TranscriptEntry> {
+    req.entries
+        .iter()
+        .zip(first_seq..)
+        .map(|(entry, seq)| TranscriptEntry {
+            seq,
+            role: entry.role.clone(),
+            content_json: entry.content_json.clone(),
+            timestamp_ms: entry.timestamp_ms.unwrap_or(now_ms),
+            run_id: req.run_id.clone(),
+            metadata: entry.metadata.clone(),
+        })
+        .collect()
+}
+
+/// ResetSession: a new sessionId; the writer of the old one is superseded.
+pub fn reset(
+    slot: &mut SessionSlot,
+    key: &SessionKey,
+    now_ms: i64,
+    new_session_id: SessionId,
+) -> ResetOutcome {
+    let old = slot.current.take();
+    let label = old.as_ref().and_then(|s| s.label.clone());
+    slot.current = Some(SessionState::fresh(new_session_id, now_ms, label));
+    ResetOutcome {
+        session: slot.view(key).expect("session exists here"),
+        previous_session_id: old.as_ref().map(|s| s.session_id),
+        superseded_run_id: old.and_then(|s| s.writer.map(|w| w.run_id)),
+    }
+}
+
+/// DeleteSession: the key has no session afterwards; its fence counter stays.
+pub fn delete(slot: &mut SessionSlot) -> DeleteOutcome {
+    let old = slot.current.take();
+    DeleteOutcome {
+        deleted: old.is_some(),
+        previous_session_id: old.as_ref().map(|s| s.session_id),
+        superseded_run_id: old.and_then(|s| s.writer.map(|w| w.run_id)),
+    }
+}
+
+/// Keeps the session's "last run" columns in step with that run's record.
+pub fn note_run_status(slot: &mut SessionSlot, record: &RunRecord) {
+    if let Some(state) = slot.current.as_mut()
+        && state.last_run_id.as_deref() == Some(record.run_id.as_str())
+    {
+        state.last_run_status = Some(record.status);
+    }
+}
+
+/// Builds the record for CreateRun when none exists.
+pub fn new_run_record(new: &NewRun, now_ms: i64) -> RunRecord {
+    RunRecord {
+        run_id: new.run_id.clone(),
+        session_key: new.session_key.as_str().to_owned(),
+        kind: new.kind.clone(),
+        fingerprint: new.fingerprint.clone(),
+        status: new.status,
+        version: 1,
+        created_at_ms: now_ms,
+        updated_at_ms: now_ms,
+        started_at_ms: None,
+        ended_at_ms: None,
+        owner: new.owner.clone(),
+        request_json: new.request_json.clone(),
+        outcome_json: None,
+        session_id: None,
+        fence_token: None,
+    }
+}
+
+/// CreateRun against an existing record: nothing changes.
+pub fn existing_run(existing: RunRecord, new: &NewRun) -> CreateRunOutcome {
+    CreateRunOutcome {
+        created: false,
+        fingerprint_mismatch: existing.fingerprint != new.fingerprint,
+        record: existing,
+    }
+}
+
+/// UpdateRun: CAS on the version; terminal records never change.
+pub fn update_run(record: &mut RunRecord, upd: &RunUpdate, now_ms: i64) -> Result<(), StoreError> {
+    if record.status.is_terminal() {
+        return Err(StoreError::RunTerminal {
+            current: Box::new(record.clone()),
+        });
+    }
+    if record.version != upd.expected_version {
+        return Err(StoreError::RunVersionConflict {
+            expected: upd.expected_version,
+            current: Box::new(record.clone()),
+        });
+    }
+    record.status = upd.status;
+    record.version += 1;
+    record.updated_at_ms = now_ms;
+    if upd.status == RunStatus::Running && record.started_at_ms.is_none() {
+        record.started_at_ms = Some(now_ms);
+    }
+    if upd.status.is_terminal() {
+        record.ended_at_ms = Some(now_ms);
+    }
+    if let Some(owner) = &upd.owner {
+        record.owner = owner.clone();
+    }
+    if upd.outcome_json.is_some() {
+        record.outcome_json = upd.outcome_json.clone();
+    }
+    if upd.session_id.is_some() {
+        record.session_id = upd.session_id;
+    }
+    if upd.fence_token.is_some() {
+        record.fence_token = upd.fence_token;
+    }
+    Ok(())
+}
+
+/// Whether a run record is gone for good: terminal and ended before `cutoff`.
+pub fn run_expired(record: &RunRecord, ended_before_ms: i64) -> bool {
+    record.status.is_terminal() && record.ended_at_ms.is_some_and(|t| t < ended_before_ms)
+}
+
+/// Builds a history page from the entries of the window `history_window`
+/// chose (ascending seq). The `max_chars` budget is spent walking from the
+/// cursor outwards (newest first for Latest/Before, oldest first for After);
+/// at least one entry is kept so paging always progresses. `more_beyond` says
+/// whether entries remain past the window.
+pub fn finish_page(
+    session_id: SessionId,
+    cursor: HistoryCursor,
+    mut entries: Vec<TranscriptEntry>,
+    more_beyond: bool,
+    max_chars: Option<u32>,
+    total: u64,
+) -> HistoryPage {
+    let walk_backwards = !matches!(cursor, HistoryCursor::After(_));
+    let mut has_more = more_beyond;
+    if let Some(budget) = max_chars {
+        if walk_backwards {
+            entries.reverse();
+        }
+        let mut used = 0usize;
+        let fitting = entries
+            .iter()
+            .take_while(|e| {
+                used += e.content_json.chars().count();
+                used <= budget as usize
+            })
+            .count();
+        let keep = fitting.max(1).min(entries.len());
+        if keep < entries.len() {
+            entries.truncate(keep);
+            has_more = true;
+        }
+        if walk_backwards {
+            entries.reverse();
+        }
+    }
+    HistoryPage {
+        session_id: Some(session_id),
+        entries,
+        has_more,
+        total,
+    }
+}
+
+/// The seq range `[lower, upper]` a history page covers and whether entries
+/// remain beyond it in the paging direction. `None`: nothing to return.
+pub fn history_window(cursor: HistoryCursor, limit: u32, total: u64) -> Option<(u64, u64, bool)> {
+    let limit = u64::from(limit.max(1));
+    match cursor {
+        HistoryCursor::Latest | HistoryCursor::Before(_) => {
+            let upper = match cursor {
+                HistoryCursor::Before(n) => n.saturating_sub(1).min(total),
+                _ => total,
+            };
+            if upper == 0 {
+                return None;
+            }
+            let lower = upper.saturating_sub(limit - 1).max(1);
+            Some((lower, upper, lower > 1))
+        }
+        HistoryCursor::After(n) => {
+            if n >= total {
+                return None;
+            }
+            let lower = n + 1;
+            let upper = (n + limit).min(total);
+            Some((lower, upper, upper < total))
+        }
+    }
+}
+
+/// Whether a session matches a ListSessions filter.
+pub fn list_matches(session: &Session, query: &ListQuery) -> bool {
+    if query
+        .updated_since_ms
+        .is_some_and(|since| session.updated_at_ms < since)
+    {
+        return false;
+    }
+    match &query.search {
+        None => true,
+        Some(needle) => {
+            let needle = needle.to_lowercase();
+            session.key.as_str().to_lowercase().contains(&needle)
+                || session
+                    .label
+                    .as_deref()
+                    .is_some_and(|l| l.to_lowercase().contains(&needle))
+        }
+    }
+}

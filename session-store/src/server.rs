@@ -1,0 +1,147 @@
+//! `serve(config, listener, shutdown)`: the session-store gRPC server as used
+//! by `main`, by tests and by the all-in-one launcher.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clawgate_proto::session_store::v1::session_store_server::SessionStoreServer;
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::backend::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::backend::postgres::{PgOptions, PostgresStore};
+use crate::config::{BackendLocation, StoreConfig};
+use crate::grpc::MAX_MESSAGE_BYTES;
+use crate::grpc::service::SessionStoreService;
+use crate::limits::{Checked, Limits};
+use crate::store::{SessionStore, now_ms};
+
+/// What the server does besides answering calls.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub limits: Limits,
+    pub run_retention: Duration,
+    pub purge_interval: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            run_retention: Duration::from_secs(24 * 3600),
+            purge_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl From<&StoreConfig> for ServeOptions {
+    fn from(config: &StoreConfig) -> Self {
+        Self {
+            limits: (&config.limits).into(),
+            run_retention: config.run_retention,
+            purge_interval: config.purge_interval,
+        }
+    }
+}
+
+/// Opens the backend the configuration names.
+pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn SessionStore>> {
+    Ok(match BackendLocation::parse(&config.store) {
+        BackendLocation::Embedded(path) => {
+            let options = EmbeddedOptions {
+                max_batch: config.group_commit_max,
+                ..EmbeddedOptions::default()
+            };
+            let store = EmbeddedStore::open(&path, options)
+                .await
+                .with_context(|| format!("opening the embedded store {}", path.display()))?;
+            tracing::info!(path = %path.display(), "embedded store open");
+            Arc::new(store)
+        }
+        BackendLocation::Postgres(url) => {
+            let options = PgOptions {
+                schema: config.pg_schema.clone(),
+                pool_size: config.pg_pool_size,
+            };
+            let store = PostgresStore::connect(&url, options)
+                .await
+                .context("connecting to PostgreSQL")?;
+            tracing::info!("PostgreSQL store connected, migrations applied");
+            Arc::new(store)
+        }
+    })
+}
+
+pub async fn serve(
+    config: StoreConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let backend = open_backend(&config).await?;
+    serve_store(backend, ServeOptions::from(&config), listener, shutdown).await
+}
+
+/// Serves `backend` (checked against the limits) until `shutdown` resolves,
+/// then drains in-flight calls.
+pub async fn serve_store(
+    backend: Arc<dyn SessionStore>,
+    options: ServeOptions,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let store: Arc<dyn SessionStore> = Arc::new(Checked::new(backend, options.limits.clone()));
+    let grpc = SessionStoreServer::new(SessionStoreService::new(store.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<SessionStoreServer<SessionStoreService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(clawgate_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+
+    let purger = tokio::spawn(purge_expired_runs(
+        store,
+        options.run_retention,
+        options.purge_interval,
+    ));
+    let address = listener.local_addr()?;
+    tracing::info!(%address, "session store serving gRPC");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let result = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(grpc)
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            tracing::info!("session store shutting down");
+            health
+                .set_not_serving::<SessionStoreServer<SessionStoreService>>()
+                .await;
+        })
+        .await;
+    purger.abort();
+    result.context("gRPC server")
+}
+
+/// Removes terminal run records older than the retention, forever.
+async fn purge_expired_runs(store: Arc<dyn SessionStore>, retention: Duration, every: Duration) {
+    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(10)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let cutoff = now_ms() - retention.as_millis() as i64;
+        match store.purge_expired_runs(cutoff).await {
+            Ok(0) => {}
+            Ok(purged) => tracing::info!(purged, "expired run records purged"),
+            Err(e) => tracing::warn!(error = %e, "purging expired run records failed"),
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The session-store trait: the domain API every backend (and the remote gRPC
+//! client) implements. No tonic types here.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use crate::error::StoreResult;
+use crate::key::SessionKey;
+use crate::model::*;
+
+#[async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// Compare-and-swap on (sessionId, activeWriterRunId); returns a new fence.
+    async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired>;
+    async fn release_writer(
+        &self,
+        key: &SessionKey,
+        run_id: &str,
+        fence_token: u64,
+    ) -> StoreResult<Released>;
+    /// Appends atomically if (sessionId, runId, fence) still match. Durable
+    /// when it returns Ok.
+    async fn append(&self, req: AppendEntries) -> StoreResult<Appended>;
+    /// An unknown key gives an empty page, not an error.
+    async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage>;
+    async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>>;
+    /// Newest (updated_at) first.
+    async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>>;
+    async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome>;
+    async fn delete_session(
+        &self,
+        key: &SessionKey,
+        delete_transcript: bool,
+    ) -> StoreResult<DeleteOutcome>;
+
+    /// Insert-if-absent keyed by runId.
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome>;
+    /// CAS on the record version; terminal records never change.
+    async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord>;
+    async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>>;
+    /// Every non-terminal run, optionally of one owner, oldest first.
+    async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>>;
+    /// Removes terminal records that ended before `ended_before_ms`; active
+    /// records are never removed. Returns how many went.
+    async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64>;
+}
+
+/// Wall-clock Unix milliseconds, the store's clock.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A shared store is a store (lets decorators wrap `Arc<dyn SessionStore>`).
+#[async_trait]
+impl<T: SessionStore + ?Sized> SessionStore for std::sync::Arc<T> {
+    async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
+        (**self).acquire_writer(req).await
+    }
+    async fn release_writer(
+        &self,
+        key: &SessionKey,
+        run_id: &str,
+        fence_token: u64,
+    ) -> StoreResult<Released> {
+        (**self).release_writer(key, run_id, fence_token).await
+    }
+    async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
+        (**self).append(req).await
+    }
+    async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
+        (**self).history(query).await
+    }
+    async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
+        (**self).get_session(key).await
+    }
+    async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
+        (**self).list_sessions(query).await
+    }
+    async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
+        (**self).reset_session(key).await
+    }
+    async fn delete_session(
+        &self,
+        key: &SessionKey,
+        delete_transcript: bool,
+    ) -> StoreResult<DeleteOutcome> {
+        (**self).delete_session(key, delete_transcript).await
+    }
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
+        (**self).create_run(new).await
+    }
+    async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
+        (**self).update_run(update).await
+    }
+    async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
+        (**self).get_run(run_id).await
+    }
+    async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
+        (**self).list_active_runs(owner).await
+    }
+    async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
+        (**self).purge_expired_runs(ended_before_ms).await
+    }
+}

@@ -1,0 +1,360 @@
+//! The service through its gRPC face: the conformance suite via the remote
+//! client for every backend, health and reflection, and bad input.
+
+mod suite;
+
+use std::sync::Arc;
+
+use clawgate_proto::session_store::v1 as pb;
+use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
+use session_store::backend::memory::MemoryStore;
+use session_store::limits::Limits;
+use session_store::server::ServeOptions;
+use suite::harness::TestServer;
+use tonic::Code;
+
+mod memory {
+    crate::conformance_cases!(crate::suite::harness::grpc_memory);
+}
+
+mod embedded {
+    crate::conformance_cases!(crate::suite::harness::grpc_embedded);
+}
+
+mod postgres {
+    crate::conformance_cases!(crate::suite::harness::grpc_postgres);
+}
+
+async fn channel(server: &TestServer) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(server.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+const SERVICE: &str = "clawgate.session_store.v1.SessionStore";
+
+#[tokio::test]
+async fn health_answers_serving() {
+    let server = TestServer::start(Arc::new(MemoryStore::new()), ServeOptions::default()).await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&server).await);
+    for service in [SERVICE, ""] {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "service {service:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reflection_lists_the_service() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let server = TestServer::start(Arc::new(MemoryStore::new()), ServeOptions::default()).await;
+    let mut client = ServerReflectionClient::new(channel(&server).await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection answer: {response:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.iter().any(|n| n == SERVICE), "{names:?}");
+    assert!(names.iter().any(|n| n == "grpc.health.v1.Health"), "{names:?}");
+
+    // The descriptor of the service resolves too (what grpcurl needs).
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(SERVICE.to_owned())),
+    };
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    assert!(matches!(
+        response.message_response,
+        Some(MessageResponse::FileDescriptorResponse(_))
+    ));
+    server.stop().await;
+}
+
+fn small_limits() -> ServeOptions {
+    ServeOptions {
+        limits: Limits {
+            max_entry_bytes: 1024,
+            max_entries_per_append: 4,
+            max_append_bytes: 2048,
+            ..Limits::default()
+        },
+        ..ServeOptions::default()
+    }
+}
+
+fn entry(content_json: &str) -> pb::NewEntry {
+    pb::NewEntry {
+        role: "user".into(),
+        content_json: content_json.into(),
+        ..Default::default()
+    }
+}
+
+async fn expect_invalid<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<tonic::Response<T>, tonic::Status>,
+    message_part: &str,
+) {
+    let status = result.expect_err(what);
+    assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+    assert!(
+        status.message().contains(message_part),
+        "{what}: {:?} lacks {message_part:?}",
+        status.message()
+    );
+    let err = session_store::grpc::status::from_status(status);
+    assert_eq!(err.code(), "INVALID_ARGUMENT", "{what}");
+}
+
+#[tokio::test]
+async fn bad_input_is_invalid_argument_and_writes_nothing() {
+    let backend = Arc::new(MemoryStore::new());
+    let server = TestServer::start(backend.clone(), small_limits()).await;
+    let mut client = SessionStoreClient::connect(server.url()).await.unwrap();
+
+    let acquire = |key: &str, run: &str| pb::AcquireWriterRequest {
+        session_key: key.into(),
+        run_id: run.into(),
+        ..Default::default()
+    };
+    expect_invalid("empty key", client.acquire_writer(acquire("", "r")).await, "must not be empty").await;
+    expect_invalid(
+        "long key",
+        client.acquire_writer(acquire(&"k".repeat(513), "r")).await,
+        "maximum is 512",
+    )
+    .await;
+    expect_invalid(
+        "malformed agent key",
+        client.acquire_writer(acquire("agent:main", "r")).await,
+        "malformed sessionKey",
+    )
+    .await;
+    expect_invalid("empty run id", client.acquire_writer(acquire("main", "")).await, "runId").await;
+    let mut bad_expected = acquire("main", "r");
+    bad_expected.expected_session_id = "not-a-uuid".into();
+    expect_invalid("bad expected uuid", client.acquire_writer(bad_expected).await, "not a UUID").await;
+    let mut bad_mode = acquire("main", "r");
+    bad_mode.mode = 99;
+    expect_invalid("bad mode", client.acquire_writer(bad_mode).await, "acquire mode").await;
+    let nothing = client
+        .get_session(pb::GetSessionRequest {
+            session_key: "main".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(nothing.session.is_none(), "no session was created by bad input");
+
+    // A real writer, then bad appends.
+    let held = client
+        .acquire_writer(acquire("main", "run"))
+        .await
+        .unwrap()
+        .into_inner();
+    let session_id = held.session.unwrap().session_id;
+    let append = |session_id: &str, entries: Vec<pb::NewEntry>| pb::AppendRequest {
+        session_key: "main".into(),
+        session_id: session_id.into(),
+        run_id: "run".into(),
+        fence_token: held.fence_token,
+        entries,
+    };
+    expect_invalid(
+        "bad session uuid",
+        client.append(append("zzz", vec![entry("[]")])).await,
+        "not a UUID",
+    )
+    .await;
+    expect_invalid("no entries", client.append(append(&session_id, vec![])).await, "at least one").await;
+    expect_invalid(
+        "oversized entry",
+        client
+            .append(append(&session_id, vec![entry(&format!("\"{}\"", "x".repeat(2000)))]))
+            .await,
+        "the maximum is 1024",
+    )
+    .await;
+    expect_invalid(
+        "too many entries",
+        client.append(append(&session_id, vec![entry("[]"); 5])).await,
+        "maximum is 4",
+    )
+    .await;
+    let medium = entry(&format!("\"{}\"", "x".repeat(900)));
+    expect_invalid(
+        "oversized append",
+        client.append(append(&session_id, vec![medium; 3])).await,
+        "maximum is 2048",
+    )
+    .await;
+    expect_invalid(
+        "content not JSON",
+        client.append(append(&session_id, vec![entry("{nope")])).await,
+        "not valid JSON",
+    )
+    .await;
+    let mut bad_role = entry("[]");
+    bad_role.role = String::new();
+    expect_invalid("empty role", client.append(append(&session_id, vec![bad_role])).await, "role").await;
+
+    let history = |limit, max_chars| pb::HistoryRequest {
+        session_key: "main".into(),
+        limit,
+        max_chars,
+        ..Default::default()
+    };
+    expect_invalid("history limit", client.history(history(1001, None)).await, "limit must be 1..=1000").await;
+    expect_invalid("max chars 0", client.history(history(10, Some(0))).await, "maxChars").await;
+    expect_invalid(
+        "both cursors",
+        client
+            .history(pb::HistoryRequest {
+                session_key: "main".into(),
+                before_seq: Some(3),
+                after_seq: Some(1),
+                ..Default::default()
+            })
+            .await,
+        "at most one",
+    )
+    .await;
+    expect_invalid(
+        "list limit",
+        client
+            .list_sessions(pb::ListSessionsRequest {
+                limit: 5000,
+                ..Default::default()
+            })
+            .await,
+        "limit must be",
+    )
+    .await;
+    expect_invalid(
+        "active minutes 0",
+        client
+            .list_sessions(pb::ListSessionsRequest {
+                active_minutes: Some(0),
+                ..Default::default()
+            })
+            .await,
+        "active_minutes",
+    )
+    .await;
+    expect_invalid(
+        "run created terminal",
+        client
+            .create_run(pb::CreateRunRequest {
+                run_id: "r1".into(),
+                session_key: "main".into(),
+                kind: "agent".into(),
+                status: pb::RunStatus::Ok as i32,
+                ..Default::default()
+            })
+            .await,
+        "accepted or queued",
+    )
+    .await;
+    expect_invalid(
+        "run without kind",
+        client
+            .create_run(pb::CreateRunRequest {
+                run_id: "r1".into(),
+                session_key: "main".into(),
+                ..Default::default()
+            })
+            .await,
+        "kind must not be empty",
+    )
+    .await;
+
+    // Nothing was written by any of it.
+    let page = client.history(history(10, None)).await.unwrap().into_inner();
+    assert_eq!(page.total, 0);
+    let run = client
+        .get_run(pb::GetRunRequest { run_id: "r1".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(run.record.is_none());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn fence_errors_carry_code_and_current_values() {
+    let server = TestServer::start(Arc::new(MemoryStore::new()), ServeOptions::default()).await;
+    let mut client = SessionStoreClient::connect(server.url()).await.unwrap();
+    let first = client
+        .acquire_writer(pb::AcquireWriterRequest {
+            session_key: "main".into(),
+            run_id: "a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let status = client
+        .acquire_writer(pb::AcquireWriterRequest {
+            session_key: "main".into(),
+            run_id: "b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Aborted);
+    let err = session_store::grpc::status::from_status(status);
+    assert_eq!(err.code(), "WRITER_CONFLICT");
+    assert_eq!(
+        err.current_session().unwrap().fence_token,
+        first.fence_token
+    );
+    let status = client
+        .append(pb::AppendRequest {
+            session_key: "main".into(),
+            session_id: first.session.unwrap().session_id,
+            run_id: "b".into(),
+            fence_token: first.fence_token,
+            entries: vec![entry("[]")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let err = session_store::grpc::status::from_status(status);
+    assert_eq!(err.code(), "STALE_WRITER");
+    assert_eq!(
+        err.current_session().unwrap().active_writer_run_id.as_deref(),
+        Some("a")
+    );
+    server.stop().await;
+}
