@@ -17,7 +17,11 @@ pub struct StoreConfig {
 
     /// Where the data lives: a file path (the embedded store) or a
     /// `postgres://` URL.
-    #[arg(long, env = "SESSION_STORE_URL", default_value = "data/session-store.redb")]
+    #[arg(
+        long,
+        env = "SESSION_STORE_URL",
+        default_value = "data/session-store.redb"
+    )]
     pub store: String,
 
     /// How long terminal run records are kept (e.g. 90s, 30m, 24h).
@@ -120,9 +124,7 @@ impl BackendLocation {
 /// Parses `500ms`, `90s`, `30m`, `24h`, `7d`, or plain seconds.
 pub fn parse_duration(raw: &str) -> Result<Duration, String> {
     let raw = raw.trim();
-    let split = raw
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(raw.len());
+    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
     let (digits, unit) = raw.split_at(split);
     let n: u64 = digits
         .parse()
@@ -134,7 +136,9 @@ pub fn parse_duration(raw: &str) -> Result<Duration, String> {
         "m" => Ok(seconds(60)),
         "h" => Ok(seconds(3600)),
         "d" => Ok(seconds(86_400)),
-        _ => Err(format!("unknown duration unit in {raw:?} (use ms, s, m, h or d)")),
+        _ => Err(format!(
+            "unknown duration unit in {raw:?} (use ms, s, m, h or d)"
+        )),
     }
 }
 

@@ -53,6 +53,13 @@ impl SessionKey {
         }
     }
 
+    /// A key read back from storage. Only parsed keys are ever stored, so it
+    /// is canonical already (and may be longer than the 512-character input
+    /// limit: `agent:main:` + a 512-character key).
+    pub fn from_stored(canonical: String) -> Self {
+        Self(canonical)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -60,7 +67,8 @@ impl SessionKey {
 
 fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
     let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix).then(|| &s[prefix.len()..])
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
 }
 
 fn parse_agent_scoped(after_prefix: &str) -> Result<String, StoreError> {

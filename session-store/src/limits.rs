@@ -48,8 +48,20 @@ impl Default for Limits {
     }
 }
 
+/// NUL characters cannot be stored by every backend (PostgreSQL text), so
+/// no backend takes them.
+fn reject_nul(field: &str, value: &str) -> StoreResult<()> {
+    if value.contains('\0') {
+        return Err(StoreError::invalid(format!(
+            "{field} must not contain NUL characters"
+        )));
+    }
+    Ok(())
+}
+
 impl Limits {
     fn check_name(&self, field: &str, value: &str, allow_empty: bool) -> StoreResult<()> {
+        reject_nul(field, value)?;
         if value.is_empty() && !allow_empty {
             return Err(StoreError::invalid(format!("{field} must not be empty")));
         }
@@ -63,6 +75,7 @@ impl Limits {
     }
 
     fn check_label(&self, label: Option<&str>) -> StoreResult<()> {
+        reject_nul("label", label.unwrap_or_default())?;
         match label {
             Some(l) if l.chars().count() > self.max_label_chars => Err(StoreError::invalid(
                 format!("label is longer than {} characters", self.max_label_chars),
@@ -72,6 +85,7 @@ impl Limits {
     }
 
     fn check_run_payload(&self, field: &str, value: &str) -> StoreResult<()> {
+        reject_nul(field, value)?;
         if value.len() > self.max_run_payload_bytes {
             return Err(StoreError::invalid(format!(
                 "{field} is {} bytes; the maximum is {}",
@@ -107,6 +121,9 @@ impl Limits {
                     "entry is {size} bytes; the maximum is {}",
                     self.max_entry_bytes
                 )));
+            }
+            if let Some(stop_reason) = &entry.metadata.stop_reason {
+                reject_nul("stop_reason", stop_reason).map_err(|e| at(e.to_string()))?;
             }
             serde_json::from_str::<serde::de::IgnoredAny>(&entry.content_json)
                 .map_err(|e| at(format!("content_json is not valid JSON: {e}")))?;
@@ -236,7 +253,8 @@ impl<S: SessionStore> SessionStore for Checked<S> {
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         validate_run_id(&new.run_id)?;
         self.limits.check_name("kind", &new.kind, false)?;
-        self.limits.check_name("fingerprint", &new.fingerprint, true)?;
+        self.limits
+            .check_name("fingerprint", &new.fingerprint, true)?;
         self.limits.check_name("owner", &new.owner, true)?;
         self.limits
             .check_run_payload("request_json", &new.request_json)?;

@@ -5,7 +5,11 @@ use session_store::config::StoreConfig;
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
-#[command(name = "session-store", version, about = "Sessions, transcripts and run records behind a writer fence, over gRPC.")]
+#[command(
+    name = "session-store",
+    version,
+    about = "Sessions, transcripts and run records behind a writer fence, over gRPC."
+)]
 struct Cli {
     #[command(flatten)]
     config: StoreConfig,
@@ -15,8 +19,7 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let config = Cli::parse().config;

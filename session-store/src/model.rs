@@ -156,6 +156,9 @@ pub struct HistoryQuery {
     pub limit: u32,
     pub cursor: HistoryCursor,
     pub max_chars: Option<u32>,
+    /// Read this transcript (e.g. one a reset replaced) instead of the
+    /// key's current one.
+    pub session_id: Option<SessionId>,
 }
 
 #[derive(Debug, Clone, Default)]

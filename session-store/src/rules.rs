@@ -82,6 +82,7 @@ impl SessionSlot {
 }
 
 /// AcquireWriter. `new_session_id` is called only when a session is created.
+/// A refusal leaves the slot untouched (as does every rule here).
 pub fn acquire(
     slot: &mut SessionSlot,
     req: &AcquireWriter,
@@ -108,13 +109,6 @@ pub fn acquire(
         }
         (Some(_), _) => false,
     };
-    if session_created {
-        slot.current = Some(SessionState::fresh(
-            new_session_id(),
-            now_ms,
-            req.label.clone(),
-        ));
-    }
     let holder = slot
         .current
         .as_ref()
@@ -129,6 +123,14 @@ pub fn acquire(
             ),
             current: slot.boxed_view(key),
         });
+    }
+    // Every check passed: from here on the slot changes.
+    if session_created {
+        slot.current = Some(SessionState::fresh(
+            new_session_id(),
+            now_ms,
+            req.label.clone(),
+        ));
     }
     // A run re-acquiring its own slot refreshes its fence; it supersedes nobody.
     let superseded_run_id = holder.filter(|h| *h != req.run_id);
@@ -341,6 +343,45 @@ pub fn run_expired(record: &RunRecord, ended_before_ms: i64) -> bool {
     record.status.is_terminal() && record.ended_at_ms.is_some_and(|t| t < ended_before_ms)
 }
 
+/// Which transcript a History call reads: `(sessionId, its entry count when
+/// the session row knows it)`. `None`: the key has no session and no
+/// sessionId was asked for, so the page is empty.
+pub fn history_target(
+    current: Option<&Session>,
+    query: &HistoryQuery,
+) -> Option<(SessionId, Option<u64>)> {
+    match (query.session_id, current) {
+        (Some(asked), Some(current)) if asked == current.session_id => {
+            Some((asked, Some(current.entry_count)))
+        }
+        (Some(asked), _) => Some((asked, None)),
+        (None, Some(current)) => Some((current.session_id, Some(current.entry_count))),
+        (None, None) => None,
+    }
+}
+
+/// Builds the page of `query` over a transcript of `total` entries, fetching
+/// the seq range `[lower, upper]` (ascending) with `fetch`.
+pub fn history_page<E>(
+    session_id: SessionId,
+    total: u64,
+    query: &HistoryQuery,
+    fetch: impl FnOnce(u64, u64) -> Result<Vec<TranscriptEntry>, E>,
+) -> Result<HistoryPage, E> {
+    let (entries, more) = match history_window(query.cursor, query.limit, total) {
+        Some((lower, upper, more)) => (fetch(lower, upper)?, more),
+        None => (Vec::new(), false),
+    };
+    Ok(finish_page(
+        session_id,
+        query.cursor,
+        entries,
+        more,
+        query.max_chars,
+        total,
+    ))
+}
+
 /// Builds a history page from the entries of the window `history_window`
 /// chose (ascending seq). The `max_chars` budget is spent walking from the
 /// cursor outwards (newest first for Latest/Before, oldest first for After);
@@ -430,5 +471,44 @@ pub fn list_matches(session: &Session, query: &ListQuery) -> bool {
                     .as_deref()
                     .is_some_and(|l| l.to_lowercase().contains(&needle))
         }
+    }
+}
+
+/// The ListSessions order and page: newest `updated_at` first, at most `limit`.
+pub fn newest_first(mut sessions: Vec<Session>, limit: u32) -> Vec<Session> {
+    sessions.sort_by_key(|s| std::cmp::Reverse(s.updated_at_ms));
+    sessions.truncate(limit as usize);
+    sessions
+}
+
+/// Whether a run belongs in ListActiveRuns(owner).
+pub fn is_active_for(record: &RunRecord, owner: Option<&str>) -> bool {
+    !record.status.is_terminal() && owner.is_none_or(|o| record.owner == o)
+}
+
+/// The ListActiveRuns order: oldest first, ties by runId.
+pub fn oldest_first(mut runs: Vec<RunRecord>) -> Vec<RunRecord> {
+    runs.sort_by(|a, b| (a.created_at_ms, &a.run_id).cmp(&(b.created_at_ms, &b.run_id)));
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_acquire_creates_nothing() {
+        let mut slot = SessionSlot::default();
+        let req = AcquireWriter {
+            key: SessionKey::parse("main").unwrap(),
+            expected_session: ExpectedSession::Current,
+            expected_writer: Some("someone".into()),
+            run_id: "run".into(),
+            mode: AcquireMode::Cas,
+            label: None,
+        };
+        let err = acquire(&mut slot, &req, 1, uuid::Uuid::new_v4).unwrap_err();
+        assert_eq!(err.code(), "WRITER_CONFLICT");
+        assert_eq!(slot, SessionSlot::default());
     }
 }

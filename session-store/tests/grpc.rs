@@ -59,10 +59,10 @@ async fn health_answers_serving() {
 
 #[tokio::test]
 async fn reflection_lists_the_service() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let server = TestServer::start(Arc::new(MemoryStore::new()), ServeOptions::default()).await;
     let mut client = ServerReflectionClient::new(channel(&server).await);
@@ -81,7 +81,10 @@ async fn reflection_lists_the_service() {
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
     assert!(names.iter().any(|n| n == SERVICE), "{names:?}");
-    assert!(names.iter().any(|n| n == "grpc.health.v1.Health"), "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "grpc.health.v1.Health"),
+        "{names:?}"
+    );
 
     // The descriptor of the service resolves too (what grpcurl needs).
     let request = ServerReflectionRequest {
@@ -148,26 +151,27 @@ async fn bad_input_is_invalid_argument_and_writes_nothing() {
         run_id: run.into(),
         ..Default::default()
     };
-    expect_invalid("empty key", client.acquire_writer(acquire("", "r")).await, "must not be empty").await;
-    expect_invalid(
-        "long key",
-        client.acquire_writer(acquire(&"k".repeat(513), "r")).await,
-        "maximum is 512",
-    )
-    .await;
-    expect_invalid(
-        "malformed agent key",
-        client.acquire_writer(acquire("agent:main", "r")).await,
-        "malformed sessionKey",
-    )
-    .await;
-    expect_invalid("empty run id", client.acquire_writer(acquire("main", "")).await, "runId").await;
     let mut bad_expected = acquire("main", "r");
     bad_expected.expected_session_id = "not-a-uuid".into();
-    expect_invalid("bad expected uuid", client.acquire_writer(bad_expected).await, "not a UUID").await;
+    let mut nul_label = acquire("main", "r");
+    nul_label.label = Some("a\0b".into());
     let mut bad_mode = acquire("main", "r");
     bad_mode.mode = 99;
-    expect_invalid("bad mode", client.acquire_writer(bad_mode).await, "acquire mode").await;
+    for (what, request, message_part) in [
+        ("empty key", acquire("", "r"), "must not be empty"),
+        ("long key", acquire(&"k".repeat(513), "r"), "maximum is 512"),
+        (
+            "malformed agent key",
+            acquire("agent:main", "r"),
+            "malformed sessionKey",
+        ),
+        ("empty run id", acquire("main", ""), "runId"),
+        ("bad expected uuid", bad_expected, "not a UUID"),
+        ("NUL in label", nul_label, "NUL characters"),
+        ("bad mode", bad_mode, "acquire mode"),
+    ] {
+        expect_invalid(what, client.acquire_writer(request).await, message_part).await;
+    }
     let nothing = client
         .get_session(pb::GetSessionRequest {
             session_key: "main".into(),
@@ -175,7 +179,10 @@ async fn bad_input_is_invalid_argument_and_writes_nothing() {
         .await
         .unwrap()
         .into_inner();
-    assert!(nothing.session.is_none(), "no session was created by bad input");
+    assert!(
+        nothing.session.is_none(),
+        "no session was created by bad input"
+    );
 
     // A real writer, then bad appends.
     let held = client
@@ -197,18 +204,28 @@ async fn bad_input_is_invalid_argument_and_writes_nothing() {
         "not a UUID",
     )
     .await;
-    expect_invalid("no entries", client.append(append(&session_id, vec![])).await, "at least one").await;
+    expect_invalid(
+        "no entries",
+        client.append(append(&session_id, vec![])).await,
+        "at least one",
+    )
+    .await;
     expect_invalid(
         "oversized entry",
         client
-            .append(append(&session_id, vec![entry(&format!("\"{}\"", "x".repeat(2000)))]))
+            .append(append(
+                &session_id,
+                vec![entry(&format!("\"{}\"", "x".repeat(2000)))],
+            ))
             .await,
         "the maximum is 1024",
     )
     .await;
     expect_invalid(
         "too many entries",
-        client.append(append(&session_id, vec![entry("[]"); 5])).await,
+        client
+            .append(append(&session_id, vec![entry("[]"); 5]))
+            .await,
         "maximum is 4",
     )
     .await;
@@ -221,13 +238,20 @@ async fn bad_input_is_invalid_argument_and_writes_nothing() {
     .await;
     expect_invalid(
         "content not JSON",
-        client.append(append(&session_id, vec![entry("{nope")])).await,
+        client
+            .append(append(&session_id, vec![entry("{nope")]))
+            .await,
         "not valid JSON",
     )
     .await;
     let mut bad_role = entry("[]");
     bad_role.role = String::new();
-    expect_invalid("empty role", client.append(append(&session_id, vec![bad_role])).await, "role").await;
+    expect_invalid(
+        "empty role",
+        client.append(append(&session_id, vec![bad_role])).await,
+        "role",
+    )
+    .await;
 
     let history = |limit, max_chars| pb::HistoryRequest {
         session_key: "main".into(),
@@ -235,8 +259,18 @@ async fn bad_input_is_invalid_argument_and_writes_nothing() {
         max_chars,
         ..Default::default()
     };
-    expect_invalid("history limit", client.history(history(1001, None)).await, "limit must be 1..=1000").await;
-    expect_invalid("max chars 0", client.history(history(10, Some(0))).await, "maxChars").await;
+    expect_invalid(
+        "history limit",
+        client.history(history(1001, None)).await,
+        "limit must be 1..=1000",
+    )
+    .await;
+    expect_invalid(
+        "max chars 0",
+        client.history(history(10, Some(0))).await,
+        "maxChars",
+    )
+    .await;
     expect_invalid(
         "both cursors",
         client
@@ -300,10 +334,16 @@ async fn bad_input_is_invalid_argument_and_writes_nothing() {
     .await;
 
     // Nothing was written by any of it.
-    let page = client.history(history(10, None)).await.unwrap().into_inner();
+    let page = client
+        .history(history(10, None))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(page.total, 0);
     let run = client
-        .get_run(pb::GetRunRequest { run_id: "r1".into() })
+        .get_run(pb::GetRunRequest {
+            run_id: "r1".into(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -353,7 +393,10 @@ async fn fence_errors_carry_code_and_current_values() {
     let err = session_store::grpc::status::from_status(status);
     assert_eq!(err.code(), "STALE_WRITER");
     assert_eq!(
-        err.current_session().unwrap().active_writer_run_id.as_deref(),
+        err.current_session()
+            .unwrap()
+            .active_writer_run_id
+            .as_deref(),
         Some("a")
     );
     server.stop().await;

@@ -201,9 +201,8 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, redb::Error> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        redb::Error::Corrupted(format!("undecodable row: {e}"))
-    })
+    serde_json::from_slice(bytes)
+        .map_err(|e| redb::Error::Corrupted(format!("undecodable row: {e}")))
 }
 
 fn load_slot(txn: &WriteTransaction, key: &SessionKey) -> Result<SessionSlot, redb::Error> {
@@ -212,14 +211,24 @@ fn load_slot(txn: &WriteTransaction, key: &SessionKey) -> Result<SessionSlot, re
     slot.map_or(Ok(SessionSlot::default()), |row| decode(row.value()))
 }
 
-fn store_slot(txn: &WriteTransaction, key: &SessionKey, slot: &SessionSlot) -> Result<(), redb::Error> {
+fn store_slot(
+    txn: &WriteTransaction,
+    key: &SessionKey,
+    slot: &SessionSlot,
+) -> Result<(), redb::Error> {
     txn.open_table(SESSIONS)?
         .insert(key.as_str(), encode(slot).as_slice())?;
     Ok(())
 }
 
-fn load_run(table: &impl ReadableTable<&'static str, &'static [u8]>, run_id: &str) -> Result<Option<RunRecord>, redb::Error> {
-    table.get(run_id)?.map(|row| decode(row.value())).transpose()
+fn load_run(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    run_id: &str,
+) -> Result<Option<RunRecord>, redb::Error> {
+    table
+        .get(run_id)?
+        .map(|row| decode(row.value()))
+        .transpose()
 }
 
 fn read_slot(txn: &redb::ReadTransaction, key: &SessionKey) -> Result<SessionSlot, redb::Error> {
@@ -290,29 +299,28 @@ impl SessionStore for EmbeddedStore {
 
     async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
         self.read(move |txn| {
-            let Some(session) = read_slot(txn, &query.key)?.view(&query.key) else {
+            let current = read_slot(txn, &query.key)?.view(&query.key);
+            let Some((session_id, known_total)) = rules::history_target(current.as_ref(), &query)
+            else {
                 return Ok(Ok(HistoryPage::default()));
             };
-            let total = session.entry_count;
-            let window = rules::history_window(query.cursor, query.limit, total);
-            let mut entries = Vec::new();
-            let mut more = false;
-            if let Some((lower, upper, more_beyond)) = window {
-                more = more_beyond;
-                let sid = session.session_id.as_u128();
-                let table = txn.open_table(TRANSCRIPTS)?;
-                for row in table.range((sid, lower)..=(sid, upper))? {
-                    entries.push(decode::<TranscriptEntry>(row?.1.value())?);
-                }
-            }
-            Ok(Ok(rules::finish_page(
-                session.session_id,
-                query.cursor,
-                entries,
-                more,
-                query.max_chars,
-                total,
-            )))
+            let sid = session_id.as_u128();
+            let table = txn.open_table(TRANSCRIPTS)?;
+            let total = match known_total {
+                Some(total) => total,
+                // An earlier transcript: its last seq is its length.
+                None => match table.range((sid, 0)..=(sid, u64::MAX))?.next_back() {
+                    Some(row) => row?.0.value().1,
+                    None => 0,
+                },
+            };
+            let page = rules::history_page(session_id, total, &query, |lower, upper| {
+                table
+                    .range((sid, lower)..=(sid, upper))?
+                    .map(|row| decode::<TranscriptEntry>(row?.1.value()))
+                    .collect::<Result<Vec<_>, redb::Error>>()
+            })?;
+            Ok(Ok(page))
         })
         .await
     }
@@ -331,16 +339,12 @@ impl SessionStore for EmbeddedStore {
             for row in table.iter()? {
                 let (key, slot) = row?;
                 let slot: SessionSlot = decode(slot.value())?;
-                let Ok(key) = SessionKey::parse(key.value()) else {
-                    continue;
-                };
+                let key = SessionKey::from_stored(key.value().to_owned());
                 if let Some(session) = slot.view(&key).filter(|s| rules::list_matches(s, &query)) {
                     sessions.push(session);
                 }
             }
-            sessions.sort_by(|a, b| b.updated_at_ms.cmp(&a.updated_at_ms));
-            sessions.truncate(query.limit as usize);
-            Ok(Ok(sessions))
+            Ok(Ok(rules::newest_first(sessions, query.limit)))
         })
         .await
     }
@@ -406,13 +410,12 @@ impl SessionStore for EmbeddedStore {
             }
             runs.insert(record.run_id.as_str(), encode(&record).as_slice())?;
             drop(runs);
-            if let Ok(key) = SessionKey::parse(&record.session_key) {
-                let mut slot = load_slot(txn, &key)?;
-                let before = slot.clone();
-                rules::note_run_status(&mut slot, &record);
-                if slot != before {
-                    store_slot(txn, &key, &slot)?;
-                }
+            let key = SessionKey::from_stored(record.session_key.clone());
+            let mut slot = load_slot(txn, &key)?;
+            let before = slot.clone();
+            rules::note_run_status(&mut slot, &record);
+            if slot != before {
+                store_slot(txn, &key, &slot)?;
             }
             Ok(Ok(record))
         })
@@ -432,14 +435,11 @@ impl SessionStore for EmbeddedStore {
             let mut runs = Vec::new();
             for row in table.iter()? {
                 let record: RunRecord = decode(row?.1.value())?;
-                if !record.status.is_terminal()
-                    && owner.as_deref().is_none_or(|o| record.owner == o)
-                {
+                if rules::is_active_for(&record, owner.as_deref()) {
                     runs.push(record);
                 }
             }
-            runs.sort_by(|a, b| (a.created_at_ms, &a.run_id).cmp(&(b.created_at_ms, &b.run_id)));
-            Ok(Ok(runs))
+            Ok(Ok(rules::oldest_first(runs)))
         })
         .await
     }
@@ -457,7 +457,9 @@ impl SessionStore for EmbeddedStore {
                 }
             })?;
             if let Some(e) = undecodable {
-                return Err(redb::Error::Corrupted(format!("undecodable run record: {e}")));
+                return Err(redb::Error::Corrupted(format!(
+                    "undecodable run record: {e}"
+                )));
             }
             Ok(Ok(before - runs.len()?))
         })

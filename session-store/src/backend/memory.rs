@@ -36,10 +36,7 @@ impl SessionStore for MemoryStore {
     async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
         let mut inner = self.inner.lock().await;
         let slot = inner.slots.entry(req.key.clone()).or_default();
-        let mut next = slot.clone();
-        let acquired = rules::acquire(&mut next, &req, now_ms(), Uuid::new_v4)?;
-        *slot = next;
-        Ok(acquired)
+        rules::acquire(slot, &req, now_ms(), Uuid::new_v4)
     }
 
     async fn release_writer(
@@ -84,35 +81,20 @@ impl SessionStore for MemoryStore {
 
     async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
         let inner = self.inner.lock().await;
-        let Some(session) = inner.slots.get(&query.key).and_then(|s| s.view(&query.key)) else {
-            return Ok(HistoryPage::default());
-        };
-        let total = session.entry_count;
-        let Some((lower, upper, more)) = rules::history_window(query.cursor, query.limit, total)
+        let current = inner.slots.get(&query.key).and_then(|s| s.view(&query.key));
+        let Some((session_id, known_total)) = rules::history_target(current.as_ref(), &query)
         else {
-            return Ok(rules::finish_page(
-                session.session_id,
-                query.cursor,
-                Vec::new(),
-                false,
-                query.max_chars,
-                total,
-            ));
+            return Ok(HistoryPage::default());
         };
         let transcript = inner
             .transcripts
-            .get(&session.session_id)
+            .get(&session_id)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let window = transcript[(lower - 1) as usize..upper as usize].to_vec();
-        Ok(rules::finish_page(
-            session.session_id,
-            query.cursor,
-            window,
-            more,
-            query.max_chars,
-            total,
-        ))
+        let total = known_total.unwrap_or(transcript.len() as u64);
+        rules::history_page(session_id, total, &query, |lower, upper| {
+            Ok(transcript[(lower - 1) as usize..upper as usize].to_vec())
+        })
     }
 
     async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
@@ -122,15 +104,13 @@ impl SessionStore for MemoryStore {
 
     async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
         let inner = self.inner.lock().await;
-        let mut sessions: Vec<Session> = inner
+        let sessions: Vec<Session> = inner
             .slots
             .iter()
             .filter_map(|(key, slot)| slot.view(key))
             .filter(|s| rules::list_matches(s, &query))
             .collect();
-        sessions.sort_by(|a, b| b.updated_at_ms.cmp(&a.updated_at_ms));
-        sessions.truncate(query.limit as usize);
-        Ok(sessions)
+        Ok(rules::newest_first(sessions, query.limit))
     }
 
     async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
@@ -176,9 +156,8 @@ impl SessionStore for MemoryStore {
         };
         rules::update_run(record, &update, now_ms())?;
         let record = record.clone();
-        if let Ok(key) = SessionKey::parse(&record.session_key)
-            && let Some(slot) = inner.slots.get_mut(&key)
-        {
+        let key = SessionKey::from_stored(record.session_key.clone());
+        if let Some(slot) = inner.slots.get_mut(&key) {
             rules::note_run_status(slot, &record);
         }
         Ok(record)
@@ -190,14 +169,13 @@ impl SessionStore for MemoryStore {
 
     async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
         let inner = self.inner.lock().await;
-        let mut runs: Vec<RunRecord> = inner
+        let runs = inner
             .runs
             .values()
-            .filter(|r| !r.status.is_terminal() && owner.is_none_or(|o| r.owner == o))
+            .filter(|r| rules::is_active_for(r, owner))
             .cloned()
             .collect();
-        runs.sort_by(|a, b| (a.created_at_ms, &a.run_id).cmp(&(b.created_at_ms, &b.run_id)));
-        Ok(runs)
+        Ok(rules::oldest_first(runs))
     }
 
     async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {

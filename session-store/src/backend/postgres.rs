@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Client, GenericClient, Manager, Pool, Transaction};
+use deadpool_postgres::{Client, GenericClient, Manager, Pool, PoolError, Transaction};
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 use uuid::Uuid;
@@ -40,18 +40,21 @@ const MIGRATION_LOCK_KEY: i64 = 0x5345_5353_5354_4f52;
 /// Rows per ListSessions batch when a search term is filtered in Rust.
 const LIST_BATCH: usize = 256;
 
-// Column lists, so that row decoding can go by index.
-macro_rules! session_columns {
-    () => {
-        "session_key, last_fence, session_id::text, writer_run_id, writer_fence, \
-         created_at_ms, updated_at_ms, label, last_run_id, last_run_status, entry_count"
+// SELECTs of whole rows with fixed column lists, so that decoding goes by index.
+macro_rules! select_sessions {
+    ($($tail:expr),+) => {
+        concat!(
+            "SELECT session_key, last_fence, session_id::text, writer_run_id, writer_fence, \
+             created_at_ms, updated_at_ms, label, last_run_id, last_run_status, entry_count \
+             FROM sessions ", $($tail),+)
     };
 }
-macro_rules! run_columns {
-    () => {
-        "run_id, session_key, kind, fingerprint, status, version, created_at_ms, \
-         updated_at_ms, started_at_ms, ended_at_ms, owner, request_json, outcome_json, \
-         session_id::text, fence_token"
+macro_rules! select_runs {
+    ($($tail:expr),+) => {
+        concat!(
+            "SELECT run_id, session_key, kind, fingerprint, status, version, created_at_ms, \
+             updated_at_ms, started_at_ms, ended_at_ms, owner, request_json, outcome_json, \
+             session_id::text, fence_token FROM runs ", $($tail),+)
     };
 }
 /// The non-terminal statuses (`!RunStatus::is_terminal`), spelled like the
@@ -62,27 +65,16 @@ macro_rules! active_statuses {
     };
 }
 
-const SELECT_SESSION: &str = concat!(
-    "SELECT ",
-    session_columns!(),
-    " FROM sessions WHERE session_key = $1"
-);
-const LOCK_SESSION: &str = concat!(
-    "SELECT ",
-    session_columns!(),
-    " FROM sessions WHERE session_key = $1 FOR UPDATE"
-);
+const SELECT_SESSION: &str = select_sessions!("WHERE session_key = $1");
+const LOCK_SESSION: &str = select_sessions!("WHERE session_key = $1 FOR UPDATE");
 const INSERT_SESSION: &str = "INSERT INTO sessions (session_key, last_fence) VALUES ($1, 0) \
      ON CONFLICT (session_key) DO NOTHING";
 const UPDATE_SESSION: &str = "UPDATE sessions SET last_fence = $2, session_id = $3::text::uuid, \
      writer_run_id = $4, writer_fence = $5, created_at_ms = $6, updated_at_ms = $7, label = $8, \
      last_run_id = $9, last_run_status = $10, entry_count = $11 WHERE session_key = $1";
-/// Newest first, ties by key; keyset paging after ($2, $3).
-const LIST_SESSIONS: &str = concat!(
-    "SELECT ",
-    session_columns!(),
-    " FROM sessions WHERE session_id IS NOT NULL \
-     AND ($1::bigint IS NULL OR updated_at_ms >= $1) \
+/// Newest first, ties by key (bytewise, as in Rust); keyset paging after ($2, $3).
+const LIST_SESSIONS: &str = select_sessions!(
+    "WHERE session_id IS NOT NULL AND ($1::bigint IS NULL OR updated_at_ms >= $1) \
      AND ($2::bigint IS NULL OR updated_at_ms < $2 OR (updated_at_ms = $2 AND session_key > $3)) \
      ORDER BY updated_at_ms DESC, session_key LIMIT $4"
 );
@@ -94,14 +86,13 @@ const INSERT_ENTRIES: &str = "INSERT INTO transcript_entries (session_id, seq, r
 const SELECT_ENTRIES: &str = "SELECT seq, role, content_json, timestamp_ms, run_id, \
      stop_reason, usage_json, aborted FROM transcript_entries \
      WHERE session_id = $1::text::uuid AND seq BETWEEN $2 AND $3 ORDER BY seq";
+/// Seqs run 1..=n without gaps, so the largest one is the transcript's length.
+const TRANSCRIPT_LEN: &str = "SELECT coalesce(max(seq), 0) FROM transcript_entries \
+     WHERE session_id = $1::text::uuid";
 const DELETE_ENTRIES: &str = "DELETE FROM transcript_entries WHERE session_id = $1::text::uuid";
 
-const SELECT_RUN: &str = concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = $1");
-const LOCK_RUN: &str = concat!(
-    "SELECT ",
-    run_columns!(),
-    " FROM runs WHERE run_id = $1 FOR UPDATE"
-);
+const SELECT_RUN: &str = select_runs!("WHERE run_id = $1");
+const LOCK_RUN: &str = select_runs!("WHERE run_id = $1 FOR UPDATE");
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, session_key, kind, fingerprint, status, \
      version, created_at_ms, updated_at_ms, started_at_ms, ended_at_ms, owner, request_json, \
      outcome_json, session_id, fence_token) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
@@ -109,10 +100,8 @@ const INSERT_RUN: &str = "INSERT INTO runs (run_id, session_key, kind, fingerpri
 const UPDATE_RUN: &str = "UPDATE runs SET status = $2, version = $3, updated_at_ms = $4, \
      started_at_ms = $5, ended_at_ms = $6, owner = $7, outcome_json = $8, \
      session_id = $9::text::uuid, fence_token = $10 WHERE run_id = $1";
-const LIST_ACTIVE_RUNS: &str = concat!(
-    "SELECT ",
-    run_columns!(),
-    " FROM runs WHERE status IN ",
+const LIST_ACTIVE_RUNS: &str = select_runs!(
+    "WHERE status IN ",
     active_statuses!(),
     " AND ($1::text IS NULL OR owner = $1) ORDER BY created_at_ms, run_id"
 );
@@ -175,56 +164,52 @@ impl PostgresStore {
 
     async fn migrate(&self, schema: Option<&str>) -> StoreResult<()> {
         let mut client = self.client().await?;
-        let tx = begin(&mut client).await?;
+        let tx = begin(&mut client, false).await?;
         // Held until commit: replicas starting together migrate one by one.
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
-            .await
-            .map_err(db_error)?;
+        run(
+            &tx,
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&MIGRATION_LOCK_KEY],
+        )
+        .await?;
         if let Some(schema) = schema {
-            // Checked first so that a role without CREATE on the database can
-            // use a schema someone else created.
-            let found = tx
-                .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
-                .await
-                .map_err(db_error)?;
-            if found.is_none() {
+            // Looked up first so that a role without CREATE on the database
+            // can use a schema someone else created.
+            let exists = "SELECT 1 FROM pg_namespace WHERE nspname = $1";
+            if fetch_opt(&tx, exists, &[&schema]).await?.is_none() {
                 batch(&tx, &format!("CREATE SCHEMA \"{schema}\"")).await?;
             }
             batch(&tx, &format!("SET LOCAL search_path TO \"{schema}\"")).await?;
         }
-        batch(
-            &tx,
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version bigint PRIMARY KEY, \
-             applied_at timestamptz NOT NULL DEFAULT now())",
-        )
-        .await?;
-        let applied: HashSet<i64> = tx
-            .query("SELECT version FROM schema_migrations", &[])
-            .await
-            .map_err(db_error)?
+        let create = "CREATE TABLE IF NOT EXISTS schema_migrations \
+            (version bigint PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())";
+        batch(&tx, create).await?;
+        let rows = fetch(&tx, "SELECT version FROM schema_migrations", &[]).await?;
+        let applied: HashSet<i64> = rows
             .iter()
             .map(|row| col(row, 0))
             .collect::<StoreResult<_>>()?;
-        for (version, sql) in MIGRATIONS {
-            if !applied.contains(version) {
-                batch(&tx, sql).await?;
-                tx.execute(
-                    "INSERT INTO schema_migrations (version) VALUES ($1)",
-                    &[version],
-                )
-                .await
-                .map_err(db_error)?;
-                tracing::info!(version, "applied session-store migration");
-            }
+        // Versions this build does not know (a newer replica's) are left alone.
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| !applied.contains(v)) {
+            batch(&tx, sql).await?;
+            run(
+                &tx,
+                "INSERT INTO schema_migrations (version) VALUES ($1)",
+                &[version],
+            )
+            .await?;
+            tracing::info!(version, "applied session-store migration");
         }
-        tx.commit().await.map_err(db_error)
+        commit(tx).await
     }
 
     async fn client(&self) -> StoreResult<Client> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("PostgreSQL: {e}")))
+        self.pool.get().await.map_err(|err| {
+            StoreError::Unavailable(match err {
+                PoolError::Backend(err) => format!("PostgreSQL: {}", describe(&err)),
+                err => format!("PostgreSQL connection pool: {err}"),
+            })
+        })
     }
 }
 
@@ -266,11 +251,11 @@ fn checked_schema(schema: &str) -> StoreResult<&str> {
 impl SessionStore for PostgresStore {
     async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
         let mut client = self.client().await?;
-        let tx = begin(&mut client).await?;
-        let mut slot = lock_slot_creating(&tx, &req.key).await?;
-        // On error the transaction rolls back, row creation included.
-        let acquired = rules::acquire(&mut slot, &req, now_ms(), Uuid::new_v4)?;
-        save_slot(&tx, &req.key, &slot).await?;
+        let tx = begin(&mut client, false).await?;
+        let acquired = apply(&tx, &req.key, true, |slot| {
+            rules::acquire(slot, &req, now_ms(), Uuid::new_v4)
+        })
+        .await?;
         commit(tx).await?;
         Ok(acquired)
     }
@@ -282,37 +267,31 @@ impl SessionStore for PostgresStore {
         fence_token: u64,
     ) -> StoreResult<Released> {
         let mut client = self.client().await?;
-        let tx = begin(&mut client).await?;
-        let Some(mut slot) = lock_slot(&tx, key).await? else {
-            return Ok(Released {
-                released: false,
-                session: None,
-            });
-        };
-        let released = rules::release(&mut slot, run_id, fence_token, now_ms());
-        if released {
-            save_slot(&tx, key, &slot).await?;
-        }
-        commit(tx).await?;
-        Ok(Released {
-            released,
-            session: slot.view(key),
+        let tx = begin(&mut client, false).await?;
+        let released = apply(&tx, key, false, |slot| {
+            let released = rules::release(slot, run_id, fence_token, now_ms());
+            Ok(Released {
+                released,
+                session: slot.view(key),
+            })
         })
+        .await?;
+        commit(tx).await?;
+        Ok(released)
     }
 
     async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
         let mut client = self.client().await?;
-        let tx = begin(&mut client).await?;
-        let now = now_ms();
-        // No row: no session, which reserve_append refuses.
-        let mut slot = lock_slot(&tx, &req.key).await?.unwrap_or_default();
-        let first_seq = rules::reserve_append(&mut slot, &req, now)?;
-        let session = slot
-            .view(&req.key)
-            .ok_or_else(|| StoreError::internal("append left no session"))?;
+        let tx = begin(&mut client, false).await?;
+        let (now, first_seq, session) = apply(&tx, &req.key, false, |slot| {
+            let now = now_ms();
+            let first_seq = rules::reserve_append(slot, &req, now)?;
+            Ok((now, first_seq, slot.view(&req.key)))
+        })
+        .await?;
+        let session = session.ok_or_else(|| StoreError::internal("append left no session"))?;
         let stamped = rules::stamp_entries(&req, first_seq, now);
         let last_seq = first_seq + stamped.len() as u64 - 1;
-        save_slot(&tx, &req.key, &slot).await?;
         insert_entries(&tx, req.session_id, &stamped).await?;
         // Durable once the commit returns.
         commit(tx).await?;
@@ -327,40 +306,43 @@ impl SessionStore for PostgresStore {
         let mut client = self.client().await?;
         // One snapshot for the row and the entries, so that a concurrent
         // delete or append cannot tear the page.
-        let tx = begin_snapshot(&mut client).await?;
-        let Some(session) = read_slot(&tx, &query.key)
-            .await?
-            .and_then(|slot| slot.view(&query.key))
+        let tx = begin(&mut client, true).await?;
+        let row = fetch_opt(&tx, SELECT_SESSION, &[&query.key.as_str()]).await?;
+        let current = row.as_ref().map(slot_from_row).transpose()?;
+        let current = current.and_then(|slot| slot.view(&query.key));
+        let Some((session_id, known_total)) = rules::history_target(current.as_ref(), &query)
         else {
             return Ok(HistoryPage::default());
         };
-        let total = session.entry_count;
+        let id = session_id.to_string();
+        let total = match known_total {
+            Some(total) => total,
+            None => match fetch_opt(&tx, TRANSCRIPT_LEN, &[&id]).await? {
+                Some(row) => from_db(col(&row, 0)?),
+                None => 0,
+            },
+        };
+        // As rules::history_page, whose fetch callback cannot be async.
         let (entries, more) = match rules::history_window(query.cursor, query.limit, total) {
             None => (Vec::new(), false),
             Some((lower, upper, more)) => {
-                let id = session.session_id.to_string();
                 let rows = fetch(&tx, SELECT_ENTRIES, &[&id, &to_db(lower), &to_db(upper)]).await?;
-                let entries = rows
-                    .iter()
-                    .map(entry_from_row)
-                    .collect::<StoreResult<_>>()?;
-                (entries, more)
+                let entries = rows.iter().map(entry_from_row);
+                (entries.collect::<StoreResult<_>>()?, more)
             }
         };
         commit(tx).await?;
+        let (cursor, max_chars) = (query.cursor, query.max_chars);
         Ok(rules::finish_page(
-            session.session_id,
-            query.cursor,
-            entries,
-            more,
-            query.max_chars,
-            total,
+            session_id, cursor, entries, more, max_chars, total,
         ))
     }
 
     async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
         let client = self.client().await?;
-        Ok(read_slot(&client, key).await?.and_then(|s| s.view(key)))
+        let row = fetch_opt(&client, SELECT_SESSION, &[&key.as_str()]).await?;
+        let slot = row.as_ref().map(slot_from_row).transpose()?;
+        Ok(slot.and_then(|slot| slot.view(key)))
     }
 
     async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
@@ -370,30 +352,26 @@ impl SessionStore for PostgresStore {
             return Ok(found);
         }
         let mut client = self.client().await?;
-        let tx = begin_snapshot(&mut client).await?;
+        let tx = begin(&mut client, true).await?;
         // `updated_since_ms` is filtered in SQL exactly. A search term is
         // filtered in Rust by rules::list_matches (ILIKE's case folding
         // depends on the database locale), walking batches newest first.
-        let batch = if query.search.is_none() {
-            limit.min(LIST_BATCH * 4)
-        } else {
-            LIST_BATCH
+        let batch = match query.search {
+            None => limit.min(4 * LIST_BATCH),
+            Some(_) => LIST_BATCH,
         };
         let mut after: Option<(i64, String)> = None;
         loop {
-            let rows = fetch(
-                &tx,
-                LIST_SESSIONS,
-                &[
-                    &query.updated_since_ms,
-                    &after.as_ref().map(|a| a.0),
-                    &after.as_ref().map(|a| a.1.as_str()),
-                    &(batch as i64),
-                ],
-            )
-            .await?;
+            let (after_ms, after_key) = (after.as_ref().map(|a| a.0), after.map(|a| a.1));
+            let params: [&(dyn ToSql + Sync); 4] = [
+                &query.updated_since_ms,
+                &after_ms,
+                &after_key,
+                &(batch as i64),
+            ];
+            let rows = fetch(&tx, LIST_SESSIONS, &params).await?;
             for row in &rows {
-                let key = key_from_db(&col::<String>(row, 0)?)?;
+                let key = SessionKey::from_stored(col::<String>(row, 0)?);
                 let session = slot_from_row(row)?.view(&key);
                 if let Some(session) = session.filter(|s| rules::list_matches(s, &query)) {
                     found.push(session);
@@ -404,19 +382,18 @@ impl SessionStore for PostgresStore {
             }
             match rows.last() {
                 Some(last) if rows.len() == batch => after = Some((col(last, 6)?, col(last, 0)?)),
-                _ => break,
+                _ => return Ok(found),
             }
         }
-        commit(tx).await?;
-        Ok(found)
     }
 
     async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
         let mut client = self.client().await?;
-        let tx = begin(&mut client).await?;
-        let mut slot = lock_slot_creating(&tx, key).await?;
-        let outcome = rules::reset(&mut slot, key, now_ms(), Uuid::new_v4());
-        save_slot(&tx, key, &slot).await?;
+        let tx = begin(&mut client, false).await?;
+        let outcome = apply(&tx, key, true, |slot| {
+            Ok(rules::reset(slot, key, now_ms(), Uuid::new_v4()))
+        })
+        .await?;
         commit(tx).await?;
         Ok(outcome)
     }
@@ -427,15 +404,9 @@ impl SessionStore for PostgresStore {
         delete_transcript: bool,
     ) -> StoreResult<DeleteOutcome> {
         let mut client = self.client().await?;
-        let tx = begin(&mut client).await?;
-        let Some(mut slot) = lock_slot(&tx, key).await? else {
-            return Ok(rules::delete(&mut SessionSlot::default()));
-        };
+        let tx = begin(&mut client, false).await?;
         // The row stays, with its fence counter; only the session goes.
-        let outcome = rules::delete(&mut slot);
-        if outcome.deleted {
-            save_slot(&tx, key, &slot).await?;
-        }
+        let outcome = apply(&tx, key, false, |slot| Ok(rules::delete(slot))).await?;
         if let (true, Some(old)) = (delete_transcript, outcome.previous_session_id) {
             run(&tx, DELETE_ENTRIES, &[&old.to_string()]).await?;
         }
@@ -446,32 +417,20 @@ impl SessionStore for PostgresStore {
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         let client = self.client().await?;
         let r = rules::new_run_record(&new, now_ms());
+        let (session_id, fence) = (
+            r.session_id.map(|id| id.to_string()),
+            r.fence_token.map(to_db),
+        );
+        #[rustfmt::skip]
+        let params: [&(dyn ToSql + Sync); 15] = [
+            &r.run_id, &r.session_key, &r.kind, &r.fingerprint, &r.status.as_str(),
+            &to_db(r.version), &r.created_at_ms, &r.updated_at_ms, &r.started_at_ms, &r.ended_at_ms,
+            &r.owner, &r.request_json, &r.outcome_json, &session_id, &fence,
+        ];
         // A conflicting record may be purged between the INSERT and the
         // SELECT; then the INSERT is tried again.
         for _ in 0..3 {
-            let inserted = run(
-                &client,
-                INSERT_RUN,
-                &[
-                    &r.run_id,
-                    &r.session_key,
-                    &r.kind,
-                    &r.fingerprint,
-                    &r.status.as_str(),
-                    &to_db(r.version),
-                    &r.created_at_ms,
-                    &r.updated_at_ms,
-                    &r.started_at_ms,
-                    &r.ended_at_ms,
-                    &r.owner,
-                    &r.request_json,
-                    &r.outcome_json,
-                    &r.session_id.map(|id| id.to_string()),
-                    &r.fence_token.map(to_db),
-                ],
-            )
-            .await?;
-            if inserted == 1 {
+            if run(&client, INSERT_RUN, &params).await? == 1 {
                 return Ok(CreateRunOutcome {
                     created: true,
                     record: r,
@@ -482,49 +441,35 @@ impl SessionStore for PostgresStore {
                 return Ok(rules::existing_run(run_from_row(&row)?, &new));
             }
         }
-        Err(StoreError::internal(format!(
-            "run {:?} neither inserted nor found",
-            new.run_id
-        )))
+        let message = format!("run {:?} neither inserted nor found", new.run_id);
+        Err(StoreError::Internal(message))
     }
 
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
         let mut client = self.client().await?;
-        let tx = begin(&mut client).await?;
+        let tx = begin(&mut client, false).await?;
         // Run row first, session row second (see the module docs).
         let Some(row) = fetch_opt(&tx, LOCK_RUN, &[&update.run_id]).await? else {
             return Err(StoreError::RunNotFound(update.run_id));
         };
         let mut r = run_from_row(&row)?;
         rules::update_run(&mut r, &update, now_ms())?;
-        run(
-            &tx,
-            UPDATE_RUN,
-            &[
-                &r.run_id,
-                &r.status.as_str(),
-                &to_db(r.version),
-                &r.updated_at_ms,
-                &r.started_at_ms,
-                &r.ended_at_ms,
-                &r.owner,
-                &r.outcome_json,
-                &r.session_id.map(|id| id.to_string()),
-                &r.fence_token.map(to_db),
-            ],
-        )
+        let (session_id, fence) = (
+            r.session_id.map(|id| id.to_string()),
+            r.fence_token.map(to_db),
+        );
+        #[rustfmt::skip]
+        let params: [&(dyn ToSql + Sync); 10] = [
+            &r.run_id, &r.status.as_str(), &to_db(r.version), &r.updated_at_ms, &r.started_at_ms,
+            &r.ended_at_ms, &r.owner, &r.outcome_json, &session_id, &fence,
+        ];
+        run(&tx, UPDATE_RUN, &params).await?;
+        let key = SessionKey::from_stored(r.session_key.clone());
+        apply(&tx, &key, false, |slot| {
+            rules::note_run_status(slot, &r);
+            Ok(())
+        })
         .await?;
-        // Like the memory backend: a record whose key does not parse touches
-        // no session.
-        if let Ok(key) = SessionKey::parse(&r.session_key)
-            && let Some(before) = lock_slot(&tx, &key).await?
-        {
-            let mut slot = before.clone();
-            rules::note_run_status(&mut slot, &r);
-            if slot != before {
-                save_slot(&tx, &key, &slot).await?;
-            }
-        }
         commit(tx).await?;
         Ok(r)
     }
@@ -547,27 +492,17 @@ impl SessionStore for PostgresStore {
     }
 }
 
-/// A write transaction. READ COMMITTED suffices: every decision is taken on
-/// rows locked FOR UPDATE, which a statement reads in their latest committed
-/// version once it holds the lock.
-async fn begin(client: &mut Client) -> StoreResult<Transaction<'_>> {
-    client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-        .await
-        .map_err(db_error)
-}
-
-/// A read-only snapshot, for reads spanning several statements.
-async fn begin_snapshot(client: &mut Client) -> StoreResult<Transaction<'_>> {
-    client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await
-        .map_err(db_error)
+/// Writes use READ COMMITTED: every decision is taken on rows locked FOR
+/// UPDATE, which a statement reads in their latest committed version once it
+/// holds the lock. Reads spanning several statements use a read-only
+/// REPEATABLE READ snapshot.
+async fn begin(client: &mut Client, snapshot: bool) -> StoreResult<Transaction<'_>> {
+    let (level, read_only) = match snapshot {
+        true => (IsolationLevel::RepeatableRead, true),
+        false => (IsolationLevel::ReadCommitted, false),
+    };
+    let builder = client.build_transaction().isolation_level(level);
+    builder.read_only(read_only).start().await.map_err(db_error)
 }
 
 async fn commit(tx: Transaction<'_>) -> StoreResult<()> {
@@ -599,56 +534,51 @@ async fn run(c: &impl GenericClient, sql: &str, params: &Params<'_>) -> StoreRes
     c.execute(&statement, params).await.map_err(db_error)
 }
 
-/// The session row of `key` without a lock; `None` if the key never had one.
-async fn read_slot(c: &impl GenericClient, key: &SessionKey) -> StoreResult<Option<SessionSlot>> {
-    let row = fetch_opt(c, SELECT_SESSION, &[&key.as_str()]).await?;
-    row.as_ref().map(slot_from_row).transpose()
-}
-
-/// Locks the session row of `key`; `None` if the key never had one.
-async fn lock_slot(tx: &Transaction<'_>, key: &SessionKey) -> StoreResult<Option<SessionSlot>> {
+/// The write pattern: lock the session row of `key` (creating it first when
+/// `create`; a concurrent creator makes the INSERT wait, then do nothing),
+/// apply `rule` to its slot, and write the row back if the rule changed it.
+/// Without a row the slot is the default one (no session, fence 0), which no
+/// rule changes without creating. On error the caller's transaction rolls
+/// back, a row creation included.
+async fn apply<T>(
+    tx: &Transaction<'_>,
+    key: &SessionKey,
+    create: bool,
+    rule: impl FnOnce(&mut SessionSlot) -> StoreResult<T>,
+) -> StoreResult<T> {
+    if create {
+        run(tx, INSERT_SESSION, &[&key.as_str()]).await?;
+    }
     let row = fetch_opt(tx, LOCK_SESSION, &[&key.as_str()]).await?;
-    row.as_ref().map(slot_from_row).transpose()
-}
-
-/// Locks the session row of `key`, creating it (no session, fence 0) first if
-/// missing. A concurrent creator makes the INSERT wait and then do nothing.
-async fn lock_slot_creating(tx: &Transaction<'_>, key: &SessionKey) -> StoreResult<SessionSlot> {
-    run(tx, INSERT_SESSION, &[&key.as_str()]).await?;
-    lock_slot(tx, key)
-        .await?
-        .ok_or_else(|| StoreError::internal(format!("session row of {key} vanished")))
-}
-
-/// Writes the whole slot back to its (locked) row.
-async fn save_slot(tx: &Transaction<'_>, key: &SessionKey, slot: &SessionSlot) -> StoreResult<()> {
-    let s = slot.current.as_ref();
-    let writer = s.and_then(|s| s.writer.as_ref());
-    let updated = run(
-        tx,
-        UPDATE_SESSION,
-        &[
-            &key.as_str(),
-            &to_db(slot.last_fence),
-            &s.map(|s| s.session_id.to_string()),
-            &writer.map(|w| w.run_id.as_str()),
-            &writer.map(|w| to_db(w.fence)),
-            &s.map(|s| s.created_at_ms),
-            &s.map(|s| s.updated_at_ms),
-            &s.and_then(|s| s.label.as_deref()),
-            &s.and_then(|s| s.last_run_id.as_deref()),
+    let before = row
+        .as_ref()
+        .map(slot_from_row)
+        .transpose()?
+        .unwrap_or_default();
+    let mut slot = before.clone();
+    let outcome = rule(&mut slot)?;
+    if slot != before {
+        let s = slot.current.as_ref();
+        let writer = s.and_then(|s| s.writer.as_ref());
+        let (session_id, writer_fence) = (
+            s.map(|s| s.session_id.to_string()),
+            writer.map(|w| to_db(w.fence)),
+        );
+        #[rustfmt::skip]
+        let params: [&(dyn ToSql + Sync); 11] = [
+            &key.as_str(), &to_db(slot.last_fence), &session_id, &writer.map(|w| w.run_id.as_str()),
+            &writer_fence, &s.map(|s| s.created_at_ms), &s.map(|s| s.updated_at_ms),
+            &s.and_then(|s| s.label.as_deref()), &s.and_then(|s| s.last_run_id.as_deref()),
             &s.and_then(|s| s.last_run_status.map(RunStatus::as_str)),
             &to_db(s.map_or(0, |s| s.entry_count)),
-        ],
-    )
-    .await?;
-    if updated == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::internal(format!(
-            "session row of {key} vanished"
-        )))
+        ];
+        if run(tx, UPDATE_SESSION, &params).await? != 1 {
+            return Err(StoreError::internal(format!(
+                "{key}: no session row to update"
+            )));
+        }
     }
+    Ok(outcome)
 }
 
 /// Inserts all entries in one statement (one array per column).
@@ -670,16 +600,9 @@ async fn insert_entries(
     let usages: Vec<Option<&str>> = meta.clone().map(|m| m.usage_json.as_deref()).collect();
     let aborted: Vec<bool> = meta.map(|m| m.aborted).collect();
     let id = session_id.to_string();
+    #[rustfmt::skip]
     let params: [&(dyn ToSql + Sync); 9] = [
-        &id,
-        &seqs,
-        &roles,
-        &contents,
-        &timestamps,
-        &run_ids,
-        &stop_reasons,
-        &usages,
-        &aborted,
+        &id, &seqs, &roles, &contents, &timestamps, &run_ids, &stop_reasons, &usages, &aborted,
     ];
     run(tx, INSERT_ENTRIES, &params).await.map(drop)
 }
@@ -709,7 +632,7 @@ fn from_db(value: i64) -> u64 {
     value as u64
 }
 
-/// Decodes a row of `session_columns!()`.
+/// Decodes a row of `select_sessions!`.
 fn slot_from_row(row: &Row) -> StoreResult<SessionSlot> {
     let last_fence = from_db(col(row, 1)?);
     let Some(session_id) = col::<Option<String>>(row, 2)? else {
@@ -745,7 +668,7 @@ fn slot_from_row(row: &Row) -> StoreResult<SessionSlot> {
     })
 }
 
-/// Decodes a row of `run_columns!()`.
+/// Decodes a row of `select_runs!`.
 fn run_from_row(row: &Row) -> StoreResult<RunRecord> {
     let session_id = col::<Option<String>>(row, 13)?;
     Ok(RunRecord {
@@ -782,18 +705,6 @@ fn entry_from_row(row: &Row) -> StoreResult<TranscriptEntry> {
     })
 }
 
-/// The SessionKey of a stored (canonical) key. Parsing a canonical key gives
-/// it back, except that `agent:main:` + a raw key of up to 512 characters can
-/// exceed the 512-character input limit; that raw key parses to it.
-fn key_from_db(stored: &str) -> StoreResult<SessionKey> {
-    let reparse = |raw: &str| SessionKey::parse(raw).ok().filter(|k| k.as_str() == stored);
-    reparse(stored)
-        .or_else(|| stored.strip_prefix("agent:main:").and_then(reparse))
-        .ok_or_else(|| {
-            StoreError::internal(format!("stored session key {stored:?} is not canonical"))
-        })
-}
-
 /// Maps a driver error: trouble worth a retry (connection, server shutdown,
 /// resources, timeouts, serialization) is Unavailable; text PostgreSQL cannot
 /// store (a NUL character) is the caller's; anything else is Internal.
@@ -827,5 +738,351 @@ fn describe(err: &tokio_postgres::Error) -> String {
     match std::error::Error::source(err) {
         Some(cause) => format!("{err}: {cause}"),
         None => err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Awaits `$call` and asserts that it failed with `$pattern`.
+    macro_rules! assert_fails {
+        ($call:expr, $pattern:pat) => {{
+            let err = $call.await.unwrap_err();
+            assert!(matches!(err, $pattern), "{err:?}");
+        }};
+    }
+
+    fn url() -> String {
+        std::env::var("CLAWGATE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    async fn open(schema: &str) -> PostgresStore {
+        let schema = Some(schema.to_owned());
+        let options = PgOptions {
+            schema,
+            pool_size: 4,
+        };
+        PostgresStore::connect(&url(), options).await.unwrap()
+    }
+
+    /// Runs `body` with a fresh schema name; drops the schema afterwards,
+    /// also when `body` panics.
+    async fn with_schema<F: Future<Output = ()> + Send + 'static>(body: impl FnOnce(String) -> F) {
+        let schema = format!("sstest_pg_{}", Uuid::new_v4().simple());
+        let outcome = tokio::spawn(body(schema.clone())).await;
+        drop_schema(&url(), &schema).await.unwrap();
+        if let Err(err) = outcome {
+            std::panic::resume_unwind(err.into_panic());
+        }
+    }
+
+    fn key(raw: &str) -> SessionKey {
+        SessionKey::parse(raw).unwrap()
+    }
+
+    fn acquire(k: &SessionKey, run_id: &str, expected: Option<&str>) -> AcquireWriter {
+        AcquireWriter {
+            key: k.clone(),
+            expected_session: ExpectedSession::Current,
+            expected_writer: expected.map(str::to_owned),
+            run_id: run_id.to_owned(),
+            mode: AcquireMode::Cas,
+            label: Some(format!("Label of {run_id}")),
+        }
+    }
+
+    fn append(held: &Acquired, contents: &[&str]) -> AppendEntries {
+        let entry = |content: &&str| NewEntry {
+            role: "assistant".to_owned(),
+            content_json: (*content).to_owned(),
+            timestamp_ms: Some(42),
+            metadata: EntryMetadata {
+                stop_reason: Some("end_turn".to_owned()),
+                usage_json: None,
+                aborted: true,
+            },
+        };
+        AppendEntries {
+            key: held.session.key.clone(),
+            session_id: held.session.session_id,
+            run_id: held.session.active_writer_run_id.clone().unwrap(),
+            fence_token: held.fence_token,
+            entries: contents.iter().map(entry).collect(),
+        }
+    }
+
+    fn history(k: &SessionKey, cursor: HistoryCursor, max_chars: Option<u32>) -> HistoryQuery {
+        let (key, limit, session_id) = (k.clone(), 2, None);
+        HistoryQuery {
+            key,
+            limit,
+            cursor,
+            max_chars,
+            session_id,
+        }
+    }
+
+    async fn stored_entries(store: &PostgresStore, id: SessionId) -> i64 {
+        let sql = "SELECT count(*) FROM transcript_entries WHERE session_id = $1::text::uuid";
+        let client = store.client().await.unwrap();
+        client
+            .query_one(sql, &[&id.to_string()])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    #[tokio::test]
+    async fn fence_append_history_reset_delete() {
+        with_schema(|schema| async move {
+            let store = open(&schema).await;
+            let k = key("thread:1");
+            let a = store.acquire_writer(acquire(&k, "a", None)).await.unwrap();
+            assert_eq!((a.fence_token, a.session_created), (1, true));
+            assert_fails!(
+                store.acquire_writer(acquire(&k, "b", None)),
+                StoreError::WriterConflict { .. }
+            );
+            let b = store
+                .acquire_writer(acquire(&k, "b", Some("a")))
+                .await
+                .unwrap();
+            assert_eq!(
+                (b.fence_token, b.superseded_run_id.as_deref()),
+                (2, Some("a"))
+            );
+            assert_fails!(
+                store.append(append(&a, &["x"])),
+                StoreError::StaleWriter { .. }
+            );
+
+            let done = store.append(append(&b, &["1", "22", "333"])).await.unwrap();
+            assert_eq!(
+                (done.first_seq, done.last_seq, done.session.entry_count),
+                (1, 3, 3)
+            );
+            let page = store
+                .history(history(&k, HistoryCursor::Latest, None))
+                .await
+                .unwrap();
+            let seqs: Vec<u64> = page.entries.iter().map(|e| e.seq).collect();
+            assert_eq!((seqs, page.has_more, page.total), (vec![2, 3], true, 3));
+            let e = &page.entries[1];
+            assert_eq!(
+                (e.content_json.as_str(), e.timestamp_ms, e.run_id.as_str()),
+                ("333", 42, "b")
+            );
+            assert_eq!(e.metadata.stop_reason.as_deref(), Some("end_turn"));
+            assert!(e.metadata.aborted);
+            let page = store
+                .history(history(&k, HistoryCursor::After(1), Some(3)))
+                .await
+                .unwrap();
+            assert_eq!((page.entries.len(), page.has_more), (1, true));
+            // Text PostgreSQL cannot hold is the caller's error.
+            assert_fails!(
+                store.append(append(&b, &["nul\0"])),
+                StoreError::InvalidArgument(_)
+            );
+
+            let reset = store.reset_session(&k).await.unwrap();
+            assert_eq!(reset.previous_session_id, Some(b.session.session_id));
+            assert_eq!(reset.superseded_run_id.as_deref(), Some("b"));
+            assert_eq!(reset.session.label.as_deref(), Some("Label of a"));
+            assert_fails!(
+                store.append(append(&b, &["x"])),
+                StoreError::SessionReplaced { .. }
+            );
+            let mut old = history(&k, HistoryCursor::Before(3), None);
+            old.session_id = Some(b.session.session_id);
+            let page = store.history(old).await.unwrap();
+            assert_eq!(
+                (page.entries[0].seq, page.total, page.has_more),
+                (1, 3, false)
+            );
+
+            let c = store.acquire_writer(acquire(&k, "c", None)).await.unwrap();
+            assert_eq!(c.fence_token, 3);
+            store.append(append(&c, &["x"])).await.unwrap();
+            let gone = store.delete_session(&k, true).await.unwrap();
+            assert_eq!(
+                (gone.deleted, gone.superseded_run_id.as_deref()),
+                (true, Some("c"))
+            );
+            assert_eq!(stored_entries(&store, c.session.session_id).await, 0);
+            assert_eq!(stored_entries(&store, b.session.session_id).await, 3);
+            assert!(store.get_session(&k).await.unwrap().is_none());
+            let page = store
+                .history(history(&k, HistoryCursor::Latest, None))
+                .await
+                .unwrap();
+            assert!(page.session_id.is_none());
+            assert!(!store.delete_session(&k, true).await.unwrap().deleted);
+            let released = store.release_writer(&k, "c", 3).await.unwrap();
+            assert!(!released.released && released.session.is_none());
+
+            // The fence counter survives the delete and a reconnect.
+            let store = open(&schema).await;
+            let d = store.acquire_writer(acquire(&k, "d", None)).await.unwrap();
+            assert_eq!((d.fence_token, d.session_created), (4, true));
+            let released = store.release_writer(&k, "d", 4).await.unwrap();
+            assert!(released.released);
+            assert_eq!(released.session.unwrap().active_writer_run_id, None);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn runs_create_update_purge() {
+        with_schema(|schema| async move {
+            let store = open(&schema).await;
+            let k = key("runs");
+            let new = |run_id: &str, fingerprint: &str| NewRun {
+                run_id: run_id.to_owned(),
+                session_key: k.clone(),
+                kind: "agent".to_owned(),
+                fingerprint: fingerprint.to_owned(),
+                status: RunStatus::Accepted,
+                owner: "owner-1".to_owned(),
+                request_json: "{}".to_owned(),
+            };
+            let created = store.create_run(new("r1", "f")).await.unwrap();
+            assert!(created.created);
+            let again = store.create_run(new("r1", "other")).await.unwrap();
+            assert!(!again.created && again.fingerprint_mismatch);
+            assert_eq!(again.record, created.record);
+            store.create_run(new("r2", "f")).await.unwrap();
+
+            store.acquire_writer(acquire(&k, "r1", None)).await.unwrap();
+            let update = |version, status| RunUpdate {
+                run_id: "r1".to_owned(),
+                expected_version: version,
+                status,
+                owner: Some("owner-2".to_owned()),
+                outcome_json: Some("{}".to_owned()),
+                session_id: Some(Uuid::new_v4()),
+                fence_token: Some(u64::MAX),
+            };
+            let stale = update(7, RunStatus::Running);
+            assert_fails!(
+                store.update_run(stale),
+                StoreError::RunVersionConflict { .. }
+            );
+            let running = store
+                .update_run(update(1, RunStatus::Running))
+                .await
+                .unwrap();
+            assert_eq!((running.version, running.fence_token), (2, Some(u64::MAX)));
+            assert!(running.started_at_ms.is_some());
+            assert_eq!(store.get_run("r1").await.unwrap().as_ref(), Some(&running));
+            let active = store.list_active_runs(Some("owner-2")).await.unwrap();
+            assert_eq!(active, vec![running]);
+            assert_eq!(store.list_active_runs(None).await.unwrap().len(), 2);
+
+            let done = store.update_run(update(2, RunStatus::Ok)).await.unwrap();
+            let session = store.get_session(&k).await.unwrap().unwrap();
+            assert_eq!(session.last_run_status, Some(RunStatus::Ok));
+            assert_fails!(
+                store.update_run(update(3, RunStatus::Error)),
+                StoreError::RunTerminal { .. }
+            );
+            let unknown = RunUpdate {
+                run_id: "nope".into(),
+                ..update(1, RunStatus::Ok)
+            };
+            assert_fails!(store.update_run(unknown), StoreError::RunNotFound(_));
+
+            let ended = done.ended_at_ms.unwrap();
+            assert_eq!(store.purge_expired_runs(ended).await.unwrap(), 0);
+            assert_eq!(store.purge_expired_runs(ended + 1).await.unwrap(), 1);
+            assert_eq!(store.get_run("r1").await.unwrap(), None);
+            assert!(store.get_run("r2").await.unwrap().is_some());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn list_sessions_walks_batches() {
+        with_schema(|schema| async move {
+            let store = open(&schema).await;
+            // More rows than one batch, the matches among the oldest.
+            for i in 0..LIST_BATCH + 20 {
+                let mut req = acquire(&key(&format!("k{i:03}")), "r", None);
+                req.label = (i < 5).then(|| format!("Needle {i}"));
+                store.acquire_writer(req).await.unwrap();
+            }
+            let list = |limit, search: Option<&str>, updated_since_ms| {
+                let search = search.map(str::to_owned);
+                store.list_sessions(ListQuery {
+                    limit,
+                    updated_since_ms,
+                    search,
+                })
+            };
+            let found = list(3, Some("nEEDLE"), None).await.unwrap();
+            let keys: Vec<&str> = found.iter().map(|s| s.key.as_str()).collect();
+            assert_eq!(
+                keys,
+                ["agent:main:k004", "agent:main:k003", "agent:main:k002"]
+            );
+            let all = list(1000, None, None).await.unwrap();
+            assert_eq!(all.len(), LIST_BATCH + 20);
+            let order = |s: &Session| (std::cmp::Reverse(s.updated_at_ms), s.key.clone());
+            assert!(all.windows(2).all(|w| order(&w[0]) < order(&w[1])));
+            let newest = all[0].updated_at_ms;
+            let recent = list(1000, None, Some(newest)).await.unwrap();
+            assert!(!recent.is_empty() && recent.iter().all(|s| s.updated_at_ms == newest));
+            assert!(list(0, None, None).await.unwrap().is_empty());
+        })
+        .await;
+    }
+
+    /// Replicas on one database: they migrate at the same time, exactly one
+    /// of concurrent CAS acquires wins, and concurrent appends get disjoint
+    /// seqs without gaps.
+    #[tokio::test]
+    async fn replicas_race() {
+        with_schema(|schema| async move {
+            let opening = futures::future::join_all((0..4).map(|_| open(&schema))).await;
+            let replicas: Vec<Arc<PostgresStore>> = opening.into_iter().map(Arc::new).collect();
+            let replica = |i: usize| replicas[i % replicas.len()].clone();
+            let k = key("contended");
+            let attempts = (0..16).map(|i| {
+                let (store, req) = (replica(i), acquire(&k, &format!("run-{i}"), None));
+                tokio::spawn(async move { store.acquire_writer(req).await })
+            });
+            let results = futures::future::join_all(attempts).await;
+            let mut winners = results.into_iter().filter_map(|r| r.unwrap().ok());
+            let winner = winners.next().unwrap();
+            assert!(winners.next().is_none());
+            let appends = (0..16).map(|i| {
+                let (store, req) = (replica(i), append(&winner, &["x", "y"]));
+                tokio::spawn(async move { store.append(req).await.unwrap().first_seq })
+            });
+            let mut firsts: Vec<u64> = futures::future::join_all(appends)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            firsts.sort_unstable();
+            assert_eq!(firsts, (0..16).map(|i| 2 * i + 1).collect::<Vec<_>>());
+        })
+        .await;
+    }
+
+    #[test]
+    fn pure_helpers() {
+        let active: Vec<String> = RunStatus::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        assert_eq!(format!("({})", active.join(", ")), active_statuses!());
+        assert!(checked_schema("ok_1").is_ok());
+        assert!(checked_schema("Bad\"").is_err() && checked_schema("").is_err());
     }
 }

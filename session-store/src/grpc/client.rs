@@ -24,11 +24,15 @@ impl RemoteStore {
     /// Connects to `http://host:port`.
     pub async fn connect(address: &str) -> StoreResult<Self> {
         let channel = Endpoint::from_shared(address.to_owned())
-            .map_err(|e| StoreError::invalid(format!("bad session-store address {address:?}: {e}")))?
+            .map_err(|e| {
+                StoreError::invalid(format!("bad session-store address {address:?}: {e}"))
+            })?
             .tcp_nodelay(true)
             .connect()
             .await
-            .map_err(|e| StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}")))?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}"))
+            })?;
         Ok(Self::new(channel))
     }
 

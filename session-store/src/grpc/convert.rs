@@ -56,8 +56,8 @@ pub fn status_to_pb(status: Option<RunStatus>) -> pb::RunStatus {
 /// `UNSPECIFIED` is `None`; numbers outside the enum are refused.
 pub fn status_from_pb(raw: i32) -> Result<Option<RunStatus>, StoreError> {
     use pb::RunStatus as P;
-    let status = P::try_from(raw)
-        .map_err(|_| StoreError::invalid(format!("unknown run status {raw}")))?;
+    let status =
+        P::try_from(raw).map_err(|_| StoreError::invalid(format!("unknown run status {raw}")))?;
     Ok(match status {
         P::Unspecified => None,
         P::Accepted => Some(RunStatus::Accepted),
@@ -191,7 +191,12 @@ pub fn acquire_from_pb(r: pb::AcquireWriterRequest) -> Result<AcquireWriter, Sto
     let mode = match pb::AcquireMode::try_from(r.mode) {
         Ok(pb::AcquireMode::Unspecified | pb::AcquireMode::Cas) => AcquireMode::Cas,
         Ok(pb::AcquireMode::Takeover) => AcquireMode::Takeover,
-        Err(_) => return Err(StoreError::invalid(format!("unknown acquire mode {}", r.mode))),
+        Err(_) => {
+            return Err(StoreError::invalid(format!(
+                "unknown acquire mode {}",
+                r.mode
+            )));
+        }
     };
     Ok(AcquireWriter {
         key: SessionKey::parse(&r.session_key)?,
@@ -233,6 +238,7 @@ pub fn history_from_pb(r: pb::HistoryRequest) -> Result<HistoryQuery, StoreError
         limit: r.limit,
         cursor,
         max_chars: r.max_chars,
+        session_id: r.session_id.as_deref().map(parse_session_id).transpose()?,
     })
 }
 
@@ -248,6 +254,7 @@ pub fn history_to_pb(q: HistoryQuery) -> pb::HistoryRequest {
         before_seq,
         after_seq,
         max_chars: q.max_chars,
+        session_id: q.session_id.map(|id| id.to_string()),
     }
 }
 

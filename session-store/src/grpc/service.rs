@@ -93,7 +93,10 @@ impl GrpcSessionStore for SessionStoreService {
         }))
     }
 
-    async fn history(&self, request: Request<pb::HistoryRequest>) -> GrpcResult<pb::HistoryResponse> {
+    async fn history(
+        &self,
+        request: Request<pb::HistoryRequest>,
+    ) -> GrpcResult<pb::HistoryResponse> {
         let query = history_from_pb(request.into_inner()).map_err(to_status)?;
         let session_key = query.key.as_str().to_owned();
         let page = self.store.history(query).await.map_err(to_status)?;

@@ -83,7 +83,11 @@ pub fn from_status(status: Status) -> StoreError {
     let message = status.message().to_owned();
     let detail = rpc::Status::decode(status.details())
         .ok()
-        .and_then(|s| s.details.into_iter().find(|d| d.type_url == DETAIL_TYPE_URL))
+        .and_then(|s| {
+            s.details
+                .into_iter()
+                .find(|d| d.type_url == DETAIL_TYPE_URL)
+        })
         .and_then(|any| pb::StoreErrorDetail::decode(any.value.as_slice()).ok());
     let Some(detail) = detail else {
         return match status.code() {

@@ -21,7 +21,12 @@ pub fn text_entry(role: &str, text: &str) -> NewEntry {
     }
 }
 
-pub fn acquire_req(k: &SessionKey, run: &str, expected: Option<&str>, mode: AcquireMode) -> AcquireWriter {
+pub fn acquire_req(
+    k: &SessionKey,
+    run: &str,
+    expected: Option<&str>,
+    mode: AcquireMode,
+) -> AcquireWriter {
     AcquireWriter {
         key: k.clone(),
         expected_session: ExpectedSession::Current,
@@ -63,19 +68,46 @@ pub async fn history_all(store: &dyn SessionStore, k: &SessionKey) -> HistoryPag
             limit: 1000,
             cursor: HistoryCursor::Latest,
             max_chars: None,
+            session_id: None,
         })
         .await
         .unwrap()
 }
 
+/// A whole transcript (the key's current one, or `session_id`), read page by
+/// page forwards.
+pub async fn transcript(
+    store: &dyn SessionStore,
+    k: &SessionKey,
+    session_id: Option<SessionId>,
+) -> Vec<TranscriptEntry> {
+    let mut entries = Vec::new();
+    loop {
+        let page = store
+            .history(HistoryQuery {
+                key: k.clone(),
+                limit: 1000,
+                cursor: HistoryCursor::After(entries.len() as u64),
+                max_chars: None,
+                session_id,
+            })
+            .await
+            .unwrap();
+        entries.extend(page.entries);
+        if !page.has_more {
+            return entries;
+        }
+    }
+}
+
+/// The text of a one-part entry written by `text_entry`.
+pub fn text_of(entry: &TranscriptEntry) -> String {
+    let parts: serde_json::Value = serde_json::from_str(&entry.content_json).unwrap();
+    parts[0]["text"].as_str().unwrap().to_owned()
+}
+
 fn texts(page: &HistoryPage) -> Vec<String> {
-    page.entries
-        .iter()
-        .map(|e| {
-            let v: serde_json::Value = serde_json::from_str(&e.content_json).unwrap();
-            v[0]["text"].as_str().unwrap().to_owned()
-        })
-        .collect()
+    page.entries.iter().map(text_of).collect()
 }
 
 fn seqs(page: &HistoryPage) -> Vec<u64> {
@@ -172,7 +204,10 @@ pub async fn cas_conflict_returns_current(store: &dyn SessionStore) {
     let StoreError::SessionReplaced { current, .. } = &err else {
         panic!("expected SessionReplaced, got {err:?}");
     };
-    assert_eq!(current.as_deref().unwrap().session_id, held.session.session_id);
+    assert_eq!(
+        current.as_deref().unwrap().session_id,
+        held.session.session_id
+    );
     assert_eq!(
         current.as_deref().unwrap().active_writer_run_id.as_deref(),
         Some("run-b")
@@ -217,7 +252,10 @@ async fn assert_append_rejected(
     let err = store.append(req).await.unwrap_err();
     assert_eq!(err.code(), expect_code, "{err:?}");
     let page = history_all(store, &k).await;
-    assert_eq!(page.total, entries_before, "a rejected append wrote nothing");
+    assert_eq!(
+        page.total, entries_before,
+        "a rejected append wrote nothing"
+    );
 }
 
 pub async fn append_rejected_after_takeover(store: &dyn SessionStore) {
@@ -228,7 +266,13 @@ pub async fn append_rejected_after_takeover(store: &dyn SessionStore) {
         .await
         .unwrap();
     let new = takeover(store, &k, "new").await;
-    assert_append_rejected(store, append_req(&k, &old, "old", &["late"]), "STALE_WRITER", 1).await;
+    assert_append_rejected(
+        store,
+        append_req(&k, &old, "old", &["late"]),
+        "STALE_WRITER",
+        1,
+    )
+    .await;
     let err = store
         .append(append_req(&k, &old, "old", &["late"]))
         .await
@@ -271,7 +315,13 @@ pub async fn append_rejected_after_release(store: &dyn SessionStore) {
         .unwrap();
     assert!(released.released);
     assert_eq!(released.session.unwrap().active_writer_run_id, None);
-    assert_append_rejected(store, append_req(&k, &held, "run", &["late"]), "STALE_WRITER", 0).await;
+    assert_append_rejected(
+        store,
+        append_req(&k, &held, "run", &["late"]),
+        "STALE_WRITER",
+        0,
+    )
+    .await;
     // A second release (a retry) changes nothing.
     let again = store
         .release_writer(&k, "run", held.fence_token)
@@ -290,7 +340,13 @@ pub async fn append_rejected_with_wrong_fence(store: &dyn SessionStore) {
     wrong.fence_token = held.fence_token - 1;
     assert_append_rejected(store, wrong, "STALE_WRITER", 0).await;
     // Right fence, wrong run.
-    assert_append_rejected(store, append_req(&k, &held, "other", &["x"]), "STALE_WRITER", 0).await;
+    assert_append_rejected(
+        store,
+        append_req(&k, &held, "other", &["x"]),
+        "STALE_WRITER",
+        0,
+    )
+    .await;
     // A release with the wrong fence does not release.
     let released = store
         .release_writer(&k, "run", held.fence_token + 7)
@@ -392,6 +448,7 @@ pub async fn history_paging_and_max_chars(store: &dyn SessionStore) {
         limit,
         cursor,
         max_chars,
+        session_id: None,
     };
     // The newest page, then backwards.
     let page = store
@@ -442,10 +499,18 @@ pub async fn history_paging_and_max_chars(store: &dyn SessionStore) {
     assert_eq!(seqs(&page), vec![8, 9, 10], "the newest that fit");
     assert!(page.has_more);
     let page = store
-        .history(query(10, HistoryCursor::After(0), Some((one * 2 + 1) as u32)))
+        .history(query(
+            10,
+            HistoryCursor::After(0),
+            Some((one * 2 + 1) as u32),
+        ))
         .await
         .unwrap();
-    assert_eq!(seqs(&page), vec![1, 2], "the oldest that fit going forwards");
+    assert_eq!(
+        seqs(&page),
+        vec![1, 2],
+        "the oldest that fit going forwards"
+    );
     assert!(page.has_more);
     // A budget smaller than one entry still returns one, so paging progresses.
     let page = store
@@ -457,7 +522,63 @@ pub async fn history_paging_and_max_chars(store: &dyn SessionStore) {
 }
 
 async fn page_entry_chars(store: &dyn SessionStore, k: &SessionKey) -> usize {
-    history_all(store, k).await.entries[0].content_json.chars().count()
+    history_all(store, k).await.entries[0]
+        .content_json
+        .chars()
+        .count()
+}
+
+pub async fn history_of_an_earlier_session_id(store: &dyn SessionStore) {
+    let k = key("archived");
+    let held = acquire(store, &k, "run").await;
+    store
+        .append(append_req(&k, &held, "run", &["old-1", "old-2", "old-3"]))
+        .await
+        .unwrap();
+    let reset = store.reset_session(&k).await.unwrap();
+    let query = |session_id, cursor| HistoryQuery {
+        key: k.clone(),
+        limit: 2,
+        cursor,
+        max_chars: None,
+        session_id,
+    };
+    // The key's history is the new, empty transcript.
+    let current = store
+        .history(query(None, HistoryCursor::Latest))
+        .await
+        .unwrap();
+    assert_eq!(current.session_id, Some(reset.session.session_id));
+    assert_eq!(current.total, 0);
+    // The replaced transcript is still readable by its sessionId, with paging.
+    let old_id = held.session.session_id;
+    let page = store
+        .history(query(Some(old_id), HistoryCursor::Latest))
+        .await
+        .unwrap();
+    assert_eq!(page.session_id, Some(old_id));
+    assert_eq!(page.total, 3);
+    assert_eq!(texts(&page), vec!["old-2", "old-3"]);
+    assert!(page.has_more);
+    let page = store
+        .history(query(Some(old_id), HistoryCursor::Before(2)))
+        .await
+        .unwrap();
+    assert_eq!(texts(&page), vec!["old-1"]);
+    assert!(!page.has_more);
+    // Asking for the current sessionId explicitly is the same as not asking.
+    let same = store
+        .history(query(Some(reset.session.session_id), HistoryCursor::Latest))
+        .await
+        .unwrap();
+    assert_eq!(same.total, 0);
+    // An unknown sessionId is an empty transcript.
+    let unknown = store
+        .history(query(Some(uuid::Uuid::new_v4()), HistoryCursor::Latest))
+        .await
+        .unwrap();
+    assert_eq!(unknown.total, 0);
+    assert!(unknown.entries.is_empty());
 }
 
 pub async fn unknown_key_has_empty_history(store: &dyn SessionStore) {
@@ -466,7 +587,13 @@ pub async fn unknown_key_has_empty_history(store: &dyn SessionStore) {
     assert_eq!(page.session_id, None);
     assert_eq!(page.total, 0);
     assert!(!page.has_more);
-    assert!(store.get_session(&key("never-seen")).await.unwrap().is_none());
+    assert!(
+        store
+            .get_session(&key("never-seen"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let released = store
         .release_writer(&key("never-seen"), "run", 1)
         .await
@@ -475,7 +602,11 @@ pub async fn unknown_key_has_empty_history(store: &dyn SessionStore) {
 }
 
 pub async fn list_sessions_newest_first(store: &dyn SessionStore) {
-    for (name, label) in [("alpha", "Project Alpha"), ("beta", "beta notes"), ("gamma", "")] {
+    for (name, label) in [
+        ("alpha", "Project Alpha"),
+        ("beta", "beta notes"),
+        ("gamma", ""),
+    ] {
         let mut req = acquire_req(&key(name), "run", None, AcquireMode::Cas);
         req.label = (!label.is_empty()).then(|| label.to_owned());
         store.acquire_writer(req).await.unwrap();
@@ -490,7 +621,10 @@ pub async fn list_sessions_newest_first(store: &dyn SessionStore) {
         .await
         .unwrap();
     let keys: Vec<&str> = all.iter().map(|s| s.key.as_str()).collect();
-    assert_eq!(keys, vec!["agent:main:gamma", "agent:main:beta", "agent:main:alpha"]);
+    assert_eq!(
+        keys,
+        vec!["agent:main:gamma", "agent:main:beta", "agent:main:alpha"]
+    );
     let two = store
         .list_sessions(ListQuery {
             limit: 2,
@@ -572,7 +706,10 @@ pub async fn reset_unknown_key_creates_session(store: &dyn SessionStore) {
 
 pub async fn run_create_if_absent(store: &dyn SessionStore) {
     let k = key("runs");
-    let created = store.create_run(new_run("idem-1", &k, "fp-a")).await.unwrap();
+    let created = store
+        .create_run(new_run("idem-1", &k, "fp-a"))
+        .await
+        .unwrap();
     assert!(created.created);
     assert!(!created.fingerprint_mismatch);
     assert_eq!(created.record.version, 1);
@@ -580,12 +717,18 @@ pub async fn run_create_if_absent(store: &dyn SessionStore) {
     assert_eq!(created.record.session_key, "agent:main:runs");
     assert_eq!(created.record.request_json, r#"{"message":"hi"}"#);
 
-    let retry = store.create_run(new_run("idem-1", &k, "fp-a")).await.unwrap();
+    let retry = store
+        .create_run(new_run("idem-1", &k, "fp-a"))
+        .await
+        .unwrap();
     assert!(!retry.created);
     assert!(!retry.fingerprint_mismatch);
     assert_eq!(retry.record, created.record);
 
-    let reused = store.create_run(new_run("idem-1", &k, "fp-b")).await.unwrap();
+    let reused = store
+        .create_run(new_run("idem-1", &k, "fp-b"))
+        .await
+        .unwrap();
     assert!(!reused.created);
     assert!(reused.fingerprint_mismatch);
     assert_eq!(reused.record.fingerprint, "fp-a", "the record is unchanged");
@@ -625,7 +768,10 @@ pub async fn run_update_is_cas(store: &dyn SessionStore) {
     let v3 = store.update_run(aborted).await.unwrap();
     assert_eq!(v3.version, 3);
     assert!(v3.ended_at_ms.is_some());
-    assert_eq!(v3.outcome_json.as_deref(), Some(r#"{"stopReason":"aborted"}"#));
+    assert_eq!(
+        v3.outcome_json.as_deref(),
+        Some(r#"{"stopReason":"aborted"}"#)
+    );
     let listed = store.get_session(&k).await.unwrap().unwrap();
     assert_eq!(listed.last_run_status, Some(RunStatus::Aborted));
 
@@ -635,7 +781,10 @@ pub async fn run_update_is_cas(store: &dyn SessionStore) {
         .await
         .unwrap_err();
     assert_eq!(err.code(), "RUN_TERMINAL", "{err:?}");
-    assert_eq!(store.get_run("r").await.unwrap().unwrap().status, RunStatus::Aborted);
+    assert_eq!(
+        store.get_run("r").await.unwrap().unwrap().status,
+        RunStatus::Aborted
+    );
 
     let err = store
         .update_run(update("missing", 1, RunStatus::Ok))
@@ -653,7 +802,10 @@ pub async fn retention_removes_only_terminal_runs(store: &dyn SessionStore) {
         .update_run(update("active-running", 1, RunStatus::Running))
         .await
         .unwrap();
-    store.update_run(update("done-ok", 1, RunStatus::Ok)).await.unwrap();
+    store
+        .update_run(update("done-ok", 1, RunStatus::Ok))
+        .await
+        .unwrap();
     store
         .update_run(update("done-error", 1, RunStatus::Error))
         .await
@@ -668,8 +820,22 @@ pub async fn retention_removes_only_terminal_runs(store: &dyn SessionStore) {
         .collect();
     active.sort();
     assert_eq!(active, vec!["active-accepted", "active-running"]);
-    assert_eq!(store.list_active_runs(Some("someone-else")).await.unwrap().len(), 0);
-    assert_eq!(store.list_active_runs(Some("coordinator-1")).await.unwrap().len(), 2);
+    assert_eq!(
+        store
+            .list_active_runs(Some("someone-else"))
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(
+        store
+            .list_active_runs(Some("coordinator-1"))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
 
     // A cutoff before the runs ended removes nothing.
     assert_eq!(store.purge_expired_runs(0).await.unwrap(), 0);
@@ -681,7 +847,13 @@ pub async fn retention_removes_only_terminal_runs(store: &dyn SessionStore) {
     assert!(store.get_run("active-accepted").await.unwrap().is_some());
     assert!(store.get_run("active-running").await.unwrap().is_some());
     // A purged key may be created anew.
-    assert!(store.create_run(new_run("done-ok", &k, "fp")).await.unwrap().created);
+    assert!(
+        store
+            .create_run(new_run("done-ok", &k, "fp"))
+            .await
+            .unwrap()
+            .created
+    );
 }
 
 /// Every case of the suite, by name.
@@ -700,6 +872,7 @@ macro_rules! conformance_cases {
             transcript_seq_has_no_gaps,
             history_paging_and_max_chars,
             unknown_key_has_empty_history,
+            history_of_an_earlier_session_id,
             list_sessions_newest_first,
             delete_session_and_transcript,
             reset_unknown_key_creates_session,
