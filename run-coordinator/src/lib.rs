@@ -1,2 +1,24 @@
-//! The run coordinator: idempotent admission, session lanes, fenced execution.
-//! Built in step 2 (issue 3) on top of the `session-store` service.
+//! The run coordinator: idempotent admission, session lanes, fenced
+//! execution through an agent runtime, per-run event logs, wait, cancel and
+//! supersede.
+//!
+//! `coordinator` (admission, lanes, cancel, wait, the terminal path),
+//! `executor` (one run's execution), `recovery` (after a restart), `events`
+//! (run event logs), `runtime` (echo, OpenAI-compatible, external gRPC),
+//! `grpc` (the tonic adapter), `server` (`serve(config, listener, shutdown)`).
+
+pub mod cli;
+pub mod config;
+pub mod coordinator;
+pub mod error;
+pub mod events;
+mod executor;
+pub mod grpc;
+pub mod model;
+mod recovery;
+pub mod run;
+pub mod runtime;
+pub mod server;
+
+pub use coordinator::Coordinator;
+pub use error::{CoordinatorError, CoordinatorResult};

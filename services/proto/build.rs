@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 const PROTO_FILES: &[&str] = &[
+    "clawgate/agent_runtime/v1/agent_runtime.proto",
     "clawgate/rpc/v1/status.proto",
+    "clawgate/run_coordinator/v1/run_coordinator.proto",
     "clawgate/session_store/v1/session_store.proto",
 ];
 

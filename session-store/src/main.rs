@@ -24,27 +24,5 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let config = Cli::parse().config;
     let listener = TcpListener::bind(config.listen).await?;
-    session_store::server::serve(config, listener, shutdown_signal()).await
-}
-
-/// Resolves on SIGTERM (Kubernetes) or ctrl-c.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
+    session_store::server::serve(config, listener, session_store::shutdown_signal()).await
 }

@@ -1,0 +1,190 @@
+//! Flags and environment variables (`COORDINATOR_*`) of the coordinator,
+//! shared by its own binary and the all-in-one launcher.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use session_store::config::parse_duration;
+
+use crate::config::CoordinatorConfig;
+use crate::events::HubLimits;
+use crate::runtime::AgentRuntime;
+use crate::runtime::echo::{EchoConfig, EchoRuntime};
+use crate::runtime::grpc::{GrpcRuntime, GrpcRuntimeConfig};
+use crate::runtime::openai::{OpenAiConfig, OpenAiRuntime};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeKind {
+    /// Streams the message back (demos, tests, benchmarks).
+    Echo,
+    /// An OpenAI-compatible chat-completions server.
+    Openai,
+    /// An external service implementing clawgate.agent_runtime.v1.AgentRuntime.
+    Grpc,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
+    /// Which agent runtime executes runs.
+    #[arg(long, env = "COORDINATOR_RUNTIME", value_enum, default_value = "echo")]
+    pub runtime: RuntimeKind,
+    /// echo: pieces the reply is streamed in.
+    #[arg(long, env = "COORDINATOR_ECHO_CHUNKS", default_value_t = 4)]
+    pub echo_chunks: usize,
+    /// echo: pause before each piece.
+    #[arg(long, env = "COORDINATOR_ECHO_PACE", default_value = "20ms", value_parser = parse_duration)]
+    pub echo_pace: Duration,
+    /// openai: base URL of the API (…/v1).
+    #[arg(
+        long,
+        env = "COORDINATOR_OPENAI_BASE_URL",
+        default_value = "https://api.openai.com/v1"
+    )]
+    pub openai_base_url: String,
+    /// openai: API key.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub openai_api_key: Option<String>,
+    /// openai: model.
+    #[arg(long, env = "COORDINATOR_OPENAI_MODEL", default_value = "gpt-4o-mini")]
+    pub openai_model: String,
+    /// openai: models tried, in order, when the main one keeps failing.
+    #[arg(
+        long,
+        env = "COORDINATOR_OPENAI_FALLBACK_MODELS",
+        value_delimiter = ','
+    )]
+    pub openai_fallback_models: Vec<String>,
+    /// openai: retries of a retryable error per model.
+    #[arg(long, env = "COORDINATOR_OPENAI_MAX_RETRIES", default_value_t = 2)]
+    pub openai_max_retries: u32,
+    /// grpc: address of the external runtime (http://host:port).
+    #[arg(
+        long,
+        env = "COORDINATOR_RUNTIME_ADDRESS",
+        default_value = "http://127.0.0.1:50070"
+    )]
+    pub runtime_address: String,
+}
+
+impl RuntimeArgs {
+    pub async fn build(&self) -> anyhow::Result<Arc<dyn AgentRuntime>> {
+        Ok(match self.runtime {
+            RuntimeKind::Echo => Arc::new(EchoRuntime::new(EchoConfig {
+                chunks: self.echo_chunks,
+                pace: self.echo_pace,
+            })),
+            RuntimeKind::Openai => Arc::new(OpenAiRuntime::new(OpenAiConfig {
+                base_url: self.openai_base_url.clone(),
+                api_key: self.openai_api_key.clone(),
+                model: self.openai_model.clone(),
+                fallback_models: self.openai_fallback_models.clone(),
+                max_retries: self.openai_max_retries,
+                ..OpenAiConfig::default()
+            })?),
+            RuntimeKind::Grpc => Arc::new(
+                GrpcRuntime::connect(&self.runtime_address, GrpcRuntimeConfig::default()).await?,
+            ),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CoordinatorArgs {
+    /// Runs executing at once, across all sessions.
+    #[arg(long, env = "COORDINATOR_MAX_EXECUTING", default_value_t = 16)]
+    pub max_executing: usize,
+    /// Execution timeout of a run that asks for none.
+    #[arg(long, env = "COORDINATOR_DEFAULT_RUN_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub default_run_timeout: Duration,
+    /// The longest timeout a run may ask for.
+    #[arg(long, env = "COORDINATOR_MAX_RUN_TIMEOUT", default_value = "48h", value_parser = parse_duration)]
+    pub max_run_timeout: Duration,
+    /// How long a finished run stays in the in-memory dedupe cache.
+    #[arg(long, env = "COORDINATOR_DEDUPE_TTL", default_value = "5m", value_parser = parse_duration)]
+    pub dedupe_ttl: Duration,
+    /// Most finished runs in the dedupe cache.
+    #[arg(long, env = "COORDINATOR_DEDUPE_CAPACITY", default_value_t = 1000)]
+    pub dedupe_capacity: usize,
+    /// At most one assistant delta event per run per this interval.
+    #[arg(long, env = "COORDINATOR_DELTA_INTERVAL", default_value = "150ms", value_parser = parse_duration)]
+    pub delta_interval: Duration,
+    /// How long a finished run's events stay replayable.
+    #[arg(long, env = "COORDINATOR_EVENT_RETENTION", default_value = "10m", value_parser = parse_duration)]
+    pub event_retention: Duration,
+    /// Most finished runs whose events are kept.
+    #[arg(long, env = "COORDINATOR_MAX_RETAINED_RUNS", default_value_t = 10_000)]
+    pub max_retained_runs: usize,
+    /// Most events kept per run.
+    #[arg(long, env = "COORDINATOR_MAX_EVENTS_PER_RUN", default_value_t = 10_000)]
+    pub max_events_per_run: usize,
+    /// Most events kept in the all-runs stream.
+    #[arg(long, env = "COORDINATOR_MAX_STREAM_EVENTS", default_value_t = 100_000)]
+    pub max_stream_events: usize,
+    /// Earlier transcript entries handed to the runtime.
+    #[arg(long, env = "COORDINATOR_HISTORY_ENTRIES", default_value_t = 50)]
+    pub history_entries: u32,
+    /// Largest user message, bytes.
+    #[arg(long, env = "COORDINATOR_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
+    pub max_message_bytes: usize,
+    /// Largest runtime options object, bytes.
+    #[arg(long, env = "COORDINATOR_MAX_OPTIONS_BYTES", default_value_t = 64 * 1024)]
+    pub max_options_bytes: usize,
+    /// How long a Cancel waits for a running run to record its terminal.
+    #[arg(long, env = "COORDINATOR_CANCEL_SETTLE", default_value = "10s", value_parser = parse_duration)]
+    pub cancel_settle: Duration,
+    /// Wait timeout when the caller gives none.
+    #[arg(long, env = "COORDINATOR_DEFAULT_WAIT", default_value = "30s", value_parser = parse_duration)]
+    pub default_wait: Duration,
+    /// The longest Wait.
+    #[arg(long, env = "COORDINATOR_MAX_WAIT", default_value = "1h", value_parser = parse_duration)]
+    pub max_wait: Duration,
+    /// On shutdown: how long executing runs may take to finish before they are aborted.
+    #[arg(long, env = "COORDINATOR_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+impl CoordinatorArgs {
+    pub fn config(&self) -> CoordinatorConfig {
+        CoordinatorConfig {
+            max_executing: self.max_executing.max(1),
+            default_run_timeout: self.default_run_timeout,
+            max_run_timeout: self.max_run_timeout,
+            dedupe_ttl: self.dedupe_ttl,
+            dedupe_capacity: self.dedupe_capacity,
+            delta_interval: self.delta_interval,
+            events: HubLimits {
+                retention: self.event_retention,
+                max_retained_runs: self.max_retained_runs,
+                max_events_per_run: self.max_events_per_run.max(1),
+                max_stream_events: self.max_stream_events.max(1),
+            },
+            history_entries: self.history_entries,
+            max_message_bytes: self.max_message_bytes,
+            max_options_bytes: self.max_options_bytes,
+            cancel_settle: self.cancel_settle,
+            default_wait: self.default_wait,
+            max_wait: self.max_wait,
+        }
+    }
+}
+
+/// The standalone coordinator: where it listens and which store it uses.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the gRPC server listens on.
+    #[arg(long, env = "COORDINATOR_LISTEN", default_value = "127.0.0.1:50062")]
+    pub listen: SocketAddr,
+    /// The session store's gRPC address.
+    #[arg(
+        long,
+        env = "COORDINATOR_STORE_ADDRESS",
+        default_value = "http://127.0.0.1:50061"
+    )]
+    pub store_address: String,
+    #[command(flatten)]
+    pub coordinator: CoordinatorArgs,
+}

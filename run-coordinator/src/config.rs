@@ -1,0 +1,55 @@
+//! The coordinator's settings. Flags and environment variables (`COORDINATOR_*`)
+//! map onto these in `cli.rs`; documented in docs/run-coordinator.md.
+
+use std::time::Duration;
+
+use crate::events::HubLimits;
+
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Runs executing at once, across all sessions.
+    pub max_executing: usize,
+    /// Execution timeout of a run that asks for none.
+    pub default_run_timeout: Duration,
+    /// The largest timeout a run may ask for.
+    pub max_run_timeout: Duration,
+    /// How long a finished run stays in the in-memory dedupe cache.
+    pub dedupe_ttl: Duration,
+    /// Most finished runs in the dedupe cache (active runs are never evicted).
+    pub dedupe_capacity: usize,
+    /// Assistant deltas are coalesced to at most one event per this interval.
+    pub delta_interval: Duration,
+    pub events: HubLimits,
+    /// Earlier transcript entries handed to the runtime.
+    pub history_entries: u32,
+    /// Largest user message, bytes.
+    pub max_message_bytes: usize,
+    /// Largest runtime options object, bytes.
+    pub max_options_bytes: usize,
+    /// How long a Cancel waits for a running run to record its terminal.
+    pub cancel_settle: Duration,
+    /// Wait timeout when the caller gives none.
+    pub default_wait: Duration,
+    /// The longest Wait.
+    pub max_wait: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            max_executing: 16,
+            default_run_timeout: Duration::from_secs(600),
+            max_run_timeout: Duration::from_secs(48 * 3600),
+            dedupe_ttl: Duration::from_secs(300),
+            dedupe_capacity: 1000,
+            delta_interval: Duration::from_millis(150),
+            events: HubLimits::default(),
+            history_entries: 50,
+            max_message_bytes: 1024 * 1024,
+            max_options_bytes: 64 * 1024,
+            cancel_settle: Duration::from_secs(10),
+            default_wait: Duration::from_secs(30),
+            max_wait: Duration::from_secs(3600),
+        }
+    }
+}

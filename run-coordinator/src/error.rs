@@ -1,0 +1,53 @@
+//! The one error type of the coordinator; `grpc::status` maps it to status
+//! codes in one place.
+
+use session_store::StoreError;
+
+use crate::model::RunSnapshot;
+
+pub type CoordinatorResult<T> = Result<T, CoordinatorError>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The idempotency key was used before with a different request.
+    #[error("idempotency key {:?} was already used with a different payload", existing.run_id)]
+    KeyReused { existing: Box<RunSnapshot> },
+    /// Queue mode `reject` and the session has a run active or queued.
+    #[error("session {} is busy with run {}", blocking.session_key, blocking.run_id)]
+    SessionBusy { blocking: Box<RunSnapshot> },
+    #[error("the coordinator is shutting down and admits no new runs")]
+    Draining,
+    #[error("session store unavailable: {0}")]
+    StoreUnavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl CoordinatorError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::InvalidArgument(message.into())
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) => "INVALID_ARGUMENT",
+            Self::KeyReused { .. } => "KEY_REUSED",
+            Self::SessionBusy { .. } => "SESSION_BUSY",
+            Self::Draining => "DRAINING",
+            Self::StoreUnavailable(_) => "STORE_UNAVAILABLE",
+            Self::Internal(_) => "INTERNAL",
+        }
+    }
+}
+
+impl From<StoreError> for CoordinatorError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::InvalidArgument(message) => Self::InvalidArgument(message),
+            StoreError::Unavailable(message) => Self::StoreUnavailable(message),
+            other => Self::Internal(format!("session store: {other}")),
+        }
+    }
+}

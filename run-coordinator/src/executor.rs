@@ -1,0 +1,509 @@
+//! Executing one run: take the session's writer fence, append the user turn,
+//! stream the runtime (coalescing assistant deltas), append the assistant
+//! turn, and hand the decision to the terminal path.
+//!
+//! Execution is detached from whoever submitted: it runs in its own task and
+//! only the run's cancel token (abort, supersede, timeout, drain) stops it.
+//! Once the token fires the executor stops reading the runtime at once, so a
+//! runtime that ignores cancellation cannot change the outcome.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use session_store::StoreError;
+use session_store::model::{
+    AcquireMode, AcquireWriter, AppendEntries, EntryMetadata, ExpectedSession, HistoryCursor,
+    HistoryQuery, NewEntry, RunUpdate,
+};
+use session_store::store::now_ms;
+use tokio::time::Instant;
+
+use crate::coordinator::Inner;
+use crate::events::{EventBody, LifecyclePhase, ToolPhase};
+use crate::model::{QueueMode, RunStatus};
+use crate::run::{Decision, Run};
+use crate::runtime::{HistoryMessage, RuntimeEvent, RuntimeRequest, Usage};
+
+/// What the executor holds once it has the fence.
+struct Held {
+    session_id: uuid::Uuid,
+    fence: u64,
+}
+
+/// The assistant turn as it builds up.
+#[derive(Default)]
+struct Turn {
+    text: String,
+    /// Tool calls and results, in order, as transcript content parts.
+    parts: Vec<serde_json::Value>,
+    usage: Option<Usage>,
+}
+
+impl Turn {
+    fn content_json(&self) -> String {
+        let mut parts = self.parts.clone();
+        if !self.text.is_empty() {
+            parts.push(serde_json::json!({ "type": "text", "text": self.text }));
+        }
+        serde_json::Value::Array(parts).to_string()
+    }
+}
+
+/// Coalesces assistant deltas to at most one event per interval.
+struct Deltas {
+    pending: String,
+    last_emit: Option<Instant>,
+    interval: std::time::Duration,
+}
+
+impl Deltas {
+    /// When the pending delta must go out (None: nothing pending).
+    fn due_at(&self) -> Option<Instant> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        Some(
+            self.last_emit
+                .map_or_else(Instant::now, |t| t + self.interval),
+        )
+    }
+}
+
+fn stale(err: &StoreError) -> bool {
+    matches!(
+        err,
+        StoreError::StaleWriter { .. } | StoreError::SessionReplaced { .. }
+    )
+}
+
+/// The run that holds the writer slot now, as a store refusal reports it.
+fn current_writer(err: &StoreError) -> Option<String> {
+    err.current_session()
+        .and_then(|s| s.active_writer_run_id.clone())
+}
+
+fn text_entry(role: &str, content_json: String, metadata: EntryMetadata) -> NewEntry {
+    NewEntry {
+        role: role.into(),
+        content_json,
+        timestamp_ms: None,
+        metadata,
+    }
+}
+
+impl Inner {
+    pub(crate) async fn execute(self: Arc<Self>, run: Arc<Run>) {
+        let held = self.drive(&run).await;
+        if let Some(held) = held {
+            // Best effort: the slot is conditional on (run, fence), and a
+            // stale release changes nothing.
+            let _ = self
+                .store
+                .release_writer(&run.key, &run.id, held.fence)
+                .await;
+        }
+        self.finish(&run).await;
+    }
+
+    /// Runs the turn. Returns the fence if it took one. Every way out leaves
+    /// a decision on the run (or one was made by a cancel or supersede).
+    async fn drive(&self, run: &Arc<Run>) -> Option<Held> {
+        if let Err(err) = self.mark_running(run).await {
+            run.decide(Decision::failed("store", err.to_string()));
+            return None;
+        }
+        self.emit(
+            run,
+            EventBody::Lifecycle {
+                phase: LifecyclePhase::Start,
+                status: None,
+                stop_reason: None,
+                error: None,
+            },
+        );
+        if run.cancel.is_cancelled() {
+            return None;
+        }
+        let held = match self.take_fence(run).await {
+            Ok(held) => held,
+            Err(decision) => {
+                run.decide(decision);
+                return None;
+            }
+        };
+        let user = text_entry(
+            "user",
+            serde_json::json!([{ "type": "text", "text": run.spec.message }]).to_string(),
+            EntryMetadata::default(),
+        );
+        let user_seq = match self.append(run, &held, user).await {
+            Ok(seq) => seq,
+            Err(decision) => {
+                run.decide(decision);
+                return Some(held);
+            }
+        };
+        let turn = self.stream_runtime(run, &held, user_seq).await;
+        self.record_turn(run, &held, &turn).await;
+        Some(held)
+    }
+
+    async fn mark_running(&self, run: &Run) -> Result<(), StoreError> {
+        let version = {
+            let mut state = run.state();
+            state.status = RunStatus::Running;
+            state.started_at_ms = Some(now_ms());
+            state.record_version
+        };
+        let record = self
+            .store
+            .update_run(RunUpdate {
+                run_id: run.id.clone(),
+                expected_version: version,
+                status: RunStatus::Running,
+                owner: Some(self.epoch.clone()),
+                outcome_json: None,
+                session_id: None,
+                fence_token: None,
+            })
+            .await?;
+        let mut state = run.state();
+        state.record_version = record.version;
+        state.started_at_ms = record.started_at_ms;
+        Ok(())
+    }
+
+    /// AcquireWriter by CAS; `interrupt` takes the slot over. A slot held by
+    /// a run that is already over (a crash leftover) is taken over too.
+    async fn take_fence(&self, run: &Run) -> Result<Held, Decision> {
+        let request = |mode, expected_writer| AcquireWriter {
+            key: run.key.clone(),
+            expected_session: ExpectedSession::Current,
+            expected_writer,
+            run_id: run.id.clone(),
+            mode,
+            label: run.spec.label.clone(),
+        };
+        let mode = if run.spec.queue_mode == QueueMode::Interrupt {
+            AcquireMode::Takeover
+        } else {
+            AcquireMode::Cas
+        };
+        let acquired = match self.store.acquire_writer(request(mode, None)).await {
+            Ok(acquired) => acquired,
+            Err(StoreError::WriterConflict { current, .. }) => {
+                let holder = current.and_then(|s| s.active_writer_run_id);
+                let holder_over = match &holder {
+                    Some(id) => self
+                        .store
+                        .get_run(id)
+                        .await
+                        .map(|r| r.is_none_or(|r| r.status.is_terminal()))
+                        .unwrap_or(false),
+                    None => true,
+                };
+                if !holder_over {
+                    return Err(Decision::failed(
+                        "session_busy",
+                        format!("the session's writer slot is held by run {holder:?}"),
+                    ));
+                }
+                self.store
+                    .acquire_writer(request(AcquireMode::Cas, holder))
+                    .await
+                    .map_err(|e| Decision::failed("store", e.to_string()))?
+            }
+            Err(err) => return Err(Decision::failed("store", err.to_string())),
+        };
+        let mut state = run.state();
+        state.session_id = Some(acquired.session.session_id.to_string());
+        state.fence_token = Some(acquired.fence_token);
+        Ok(Held {
+            session_id: acquired.session.session_id,
+            fence: acquired.fence_token,
+        })
+    }
+
+    /// Appends one entry with the fence; a stale fence means superseded.
+    async fn append(&self, run: &Run, held: &Held, entry: NewEntry) -> Result<u64, Decision> {
+        self.store
+            .append(AppendEntries {
+                key: run.key.clone(),
+                session_id: held.session_id,
+                run_id: run.id.clone(),
+                fence_token: held.fence,
+                entries: vec![entry],
+            })
+            .await
+            .map(|done| done.first_seq)
+            .map_err(|err| {
+                if stale(&err) {
+                    Decision::superseded(current_writer(&err))
+                } else {
+                    Decision::failed("store", err.to_string())
+                }
+            })
+    }
+
+    async fn history(&self, run: &Run, held: &Held, user_seq: u64) -> Vec<HistoryMessage> {
+        let query = HistoryQuery {
+            key: run.key.clone(),
+            limit: self.config.history_entries.max(1),
+            cursor: HistoryCursor::Before(user_seq),
+            max_chars: None,
+            session_id: Some(held.session_id),
+        };
+        match self.store.history(query).await {
+            Ok(page) => page
+                .entries
+                .into_iter()
+                .map(|e| HistoryMessage {
+                    role: e.role,
+                    content_json: e.content_json,
+                })
+                .collect(),
+            Err(err) => {
+                tracing::warn!(run.id = %run.id, error = %err, "history for the runtime unavailable");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Streams the runtime until it finishes, fails, times out or the run is
+    /// cancelled. Leaves a decision on the run unless it finished normally.
+    async fn stream_runtime(&self, run: &Arc<Run>, held: &Held, user_seq: u64) -> Turn {
+        let timeout = run.spec.timeout_ms.map_or(
+            self.config.default_run_timeout,
+            std::time::Duration::from_millis,
+        );
+        let deadline = Instant::now() + timeout;
+        let mut turn = Turn::default();
+        let request = RuntimeRequest {
+            run_id: run.id.clone(),
+            session_key: run.key.as_str().to_owned(),
+            session_id: held.session_id.to_string(),
+            message: run.spec.message.clone(),
+            history: self.history(run, held, user_seq).await,
+            options: run.spec.options.clone(),
+            deadline_ms: Some(now_ms() + timeout.as_millis() as i64),
+        };
+        let started = tokio::select! {
+            biased;
+            () = run.cancel.cancelled() => return turn,
+            () = tokio::time::sleep_until(deadline) => {
+                run.decide(Decision::timed_out());
+                return turn;
+            }
+            started = self.runtime.execute(request, run.cancel.clone()) => started,
+        };
+        let mut stream = match started {
+            Ok(stream) => stream,
+            Err(err) => {
+                run.decide(Decision::failed(err.kind.as_str(), err.message));
+                return turn;
+            }
+        };
+        let mut deltas = Deltas {
+            pending: String::new(),
+            last_emit: None,
+            interval: self.config.delta_interval,
+        };
+        loop {
+            let flush_at = deltas.due_at();
+            tokio::select! {
+                biased;
+                () = run.cancel.cancelled() => break,
+                () = tokio::time::sleep_until(deadline) => {
+                    run.decide(Decision::timed_out());
+                    break;
+                }
+                () = sleep_until_some(flush_at) => self.flush(run, &turn, &mut deltas),
+                item = stream.next() => match item {
+                    Some(Ok(RuntimeEvent::AssistantDelta(delta))) => {
+                        turn.text.push_str(&delta);
+                        deltas.pending.push_str(&delta);
+                        run.state().outcome.text.push_str(&delta);
+                        if deltas.due_at().is_some_and(|due| due <= Instant::now()) {
+                            self.flush(run, &turn, &mut deltas);
+                        }
+                    }
+                    Some(Ok(event)) => {
+                        if let Some(finished) = self.on_runtime_event(run, &mut turn, &mut deltas, event) {
+                            run.state().outcome.stop_reason = Some(finished);
+                            break;
+                        }
+                    }
+                    Some(Err(err)) => {
+                        run.decide(Decision::failed(err.kind.as_str(), err.message));
+                        break;
+                    }
+                    None => {
+                        run.state().outcome.stop_reason = Some("stop".into());
+                        break;
+                    }
+                },
+            }
+        }
+        // Dropping the stream stops the runtime's side of it.
+        drop(stream);
+        self.flush(run, &turn, &mut deltas);
+        turn
+    }
+
+    /// Tool and usage events. Returns the stop reason when the turn finished.
+    fn on_runtime_event(
+        &self,
+        run: &Run,
+        turn: &mut Turn,
+        deltas: &mut Deltas,
+        event: RuntimeEvent,
+    ) -> Option<String> {
+        let tool = |phase, tool_call_id: String, name: String, data_json: String, is_error| {
+            EventBody::Tool {
+                phase,
+                tool_call_id,
+                name,
+                data_json,
+                is_error,
+            }
+        };
+        match event {
+            RuntimeEvent::AssistantDelta(_) => unreachable!("handled by the caller"),
+            RuntimeEvent::ToolStart {
+                tool_call_id,
+                name,
+                arguments_json,
+            } => {
+                // Text before a tool call goes out before it.
+                self.flush(run, turn, deltas);
+                turn.parts.push(serde_json::json!({
+                    "type": "toolCall", "id": tool_call_id, "name": name, "arguments": arguments_json,
+                }));
+                self.emit(
+                    run,
+                    tool(ToolPhase::Start, tool_call_id, name, arguments_json, false),
+                );
+            }
+            RuntimeEvent::ToolUpdate {
+                tool_call_id,
+                partial_json,
+            } => self.emit(
+                run,
+                tool(
+                    ToolPhase::Update,
+                    tool_call_id,
+                    String::new(),
+                    partial_json,
+                    false,
+                ),
+            ),
+            RuntimeEvent::ToolResult {
+                tool_call_id,
+                result_json,
+                is_error,
+            } => {
+                turn.parts.push(serde_json::json!({
+                    "type": "toolResult", "id": tool_call_id, "result": result_json, "isError": is_error,
+                }));
+                self.emit(
+                    run,
+                    tool(
+                        ToolPhase::Result,
+                        tool_call_id,
+                        String::new(),
+                        result_json,
+                        is_error,
+                    ),
+                );
+            }
+            RuntimeEvent::Usage(usage) => {
+                run.state().outcome.usage = Some(usage.clone());
+                turn.usage = Some(usage);
+            }
+            RuntimeEvent::Finished { stop_reason } => return Some(stop_reason),
+        }
+        None
+    }
+
+    fn flush(&self, run: &Run, turn: &Turn, deltas: &mut Deltas) {
+        if deltas.pending.is_empty() {
+            return;
+        }
+        let delta = std::mem::take(&mut deltas.pending);
+        deltas.last_emit = Some(Instant::now());
+        self.emit(
+            run,
+            EventBody::Assistant {
+                text: turn.text.clone(),
+                delta,
+            },
+        );
+    }
+
+    /// Writes the assistant turn: complete on success (which decides `ok`),
+    /// or the partial text marked aborted when the run was stopped.
+    async fn record_turn(&self, run: &Run, held: &Held, turn: &Turn) {
+        let usage_json = turn
+            .usage
+            .as_ref()
+            .and_then(|u| serde_json::to_string(u).ok());
+        match run.decided() {
+            None => {
+                let stop_reason = run
+                    .state()
+                    .outcome
+                    .stop_reason
+                    .clone()
+                    .unwrap_or_else(|| "stop".into());
+                let metadata = EntryMetadata {
+                    stop_reason: Some(stop_reason.clone()),
+                    usage_json,
+                    aborted: false,
+                };
+                let entry = text_entry("assistant", turn.content_json(), metadata);
+                match self.append(run, held, entry).await {
+                    Ok(_) => {
+                        run.decide(Decision {
+                            stop_reason: Some(stop_reason),
+                            ..Decision::status(RunStatus::Ok)
+                        });
+                    }
+                    Err(decision) => {
+                        run.decide(decision);
+                    }
+                }
+            }
+            Some(decision)
+                if decision.status != RunStatus::Superseded && !turn.content_json().eq("[]") =>
+            {
+                let metadata = EntryMetadata {
+                    stop_reason: Some(
+                        decision
+                            .stop_reason
+                            .clone()
+                            .unwrap_or_else(|| "error".into()),
+                    ),
+                    usage_json,
+                    aborted: true,
+                };
+                // A partial turn that can no longer be written is lost with
+                // its writer's authority; the decision stands either way.
+                let _ = self
+                    .append(
+                        run,
+                        held,
+                        text_entry("assistant", turn.content_json(), metadata),
+                    )
+                    .await;
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

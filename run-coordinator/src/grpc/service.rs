@@ -1,0 +1,187 @@
+//! The tonic adapter of the coordinator: decode, call, encode. No logic here.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_proto::run_coordinator::v1::run_coordinator_server::RunCoordinator as GrpcRunCoordinator;
+use futures::Stream;
+use futures::StreamExt;
+use session_store::SessionKey;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::convert::*;
+use super::status::to_status;
+use crate::coordinator::Coordinator;
+use crate::error::CoordinatorError;
+use crate::events::StreamReset;
+use crate::model::{Admission, CancelTarget};
+
+pub struct RunCoordinatorService {
+    coordinator: Coordinator,
+    /// Fires when the server stops: open subscriptions end and waits answer
+    /// with the current snapshot, so that shutdown is not held up by them.
+    stopping: CancellationToken,
+}
+
+impl RunCoordinatorService {
+    pub fn new(coordinator: Coordinator, stopping: CancellationToken) -> Self {
+        Self {
+            coordinator,
+            stopping,
+        }
+    }
+}
+
+type GrpcResult<T> = Result<Response<T>, Status>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SubscribeResponse, Status>> + Send>>;
+
+fn reset_item(reset: StreamReset) -> pb::SubscribeResponse {
+    pb::SubscribeResponse {
+        item: Some(pb::subscribe_response::Item::Reset(pb::StreamReset {
+            reason: reset.reason,
+            epoch: reset.epoch.to_string(),
+        })),
+    }
+}
+
+fn event_item(event: &crate::events::RunEvent) -> pb::SubscribeResponse {
+    pb::SubscribeResponse {
+        item: Some(pb::subscribe_response::Item::Event(event_to_pb(event))),
+    }
+}
+
+fn just_reset(reset: StreamReset) -> EventStream {
+    Box::pin(futures::stream::iter([Ok(reset_item(reset))]))
+}
+
+#[tonic::async_trait]
+impl GrpcRunCoordinator for RunCoordinatorService {
+    async fn submit(&self, request: Request<pb::SubmitRequest>) -> GrpcResult<pb::SubmitResponse> {
+        let submit = submit_from_pb(request.into_inner()).map_err(to_status)?;
+        let done = self.coordinator.submit(submit).await.map_err(to_status)?;
+        let admission = match done.admission {
+            Admission::Accepted => pb::Admission::Accepted,
+            Admission::InFlight => pb::Admission::InFlight,
+            Admission::Completed => pb::Admission::Completed,
+        };
+        Ok(Response::new(pb::SubmitResponse {
+            admission: admission as i32,
+            snapshot: Some(snapshot_to_pb(done.snapshot)),
+            accepted_at_ms: done.accepted_at_ms,
+        }))
+    }
+
+    async fn get(&self, request: Request<pb::GetRequest>) -> GrpcResult<pb::GetResponse> {
+        let snapshot = self
+            .coordinator
+            .get(&request.into_inner().run_id)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::GetResponse {
+            snapshot: snapshot.map(snapshot_to_pb),
+        }))
+    }
+
+    async fn wait(&self, request: Request<pb::WaitRequest>) -> GrpcResult<pb::WaitResponse> {
+        let req = request.into_inner();
+        let config = &self.coordinator.inner.config;
+        let timeout = match req.timeout_ms {
+            0 => config.default_wait,
+            ms => Duration::from_millis(ms).min(config.max_wait),
+        };
+        let waited = tokio::select! {
+            waited = self.coordinator.wait(&req.run_id, timeout) => waited,
+            () = self.stopping.cancelled() => self.coordinator.wait(&req.run_id, Duration::ZERO).await,
+        }
+        .map_err(to_status)?;
+        Ok(Response::new(pb::WaitResponse {
+            terminal: waited.terminal,
+            unknown: waited.unknown,
+            snapshot: waited.snapshot.map(snapshot_to_pb),
+        }))
+    }
+
+    async fn cancel(&self, request: Request<pb::CancelRequest>) -> GrpcResult<pb::CancelResponse> {
+        let target = match request.into_inner().target {
+            Some(pb::cancel_request::Target::RunId(id)) => CancelTarget::Run(id),
+            Some(pb::cancel_request::Target::SessionKey(key)) => {
+                CancelTarget::Session(SessionKey::parse(&key).map_err(|e| to_status(e.into()))?)
+            }
+            None => {
+                return Err(to_status(CoordinatorError::invalid(
+                    "cancel needs a run_id or a session_key",
+                )));
+            }
+        };
+        let runs = self.coordinator.cancel(target).await.map_err(to_status)?;
+        Ok(Response::new(pb::CancelResponse {
+            runs: runs.into_iter().map(snapshot_to_pb).collect(),
+        }))
+    }
+
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> GrpcResult<Self::SubscribeStream> {
+        let req = request.into_inner();
+        let epoch = Some(req.epoch.as_str()).filter(|e| !e.is_empty());
+        let stream: EventStream = match req.filter {
+            Some(pb::subscribe_request::Filter::RunId(run_id)) => {
+                match self.coordinator.subscribe_run(&run_id, req.from_seq, epoch) {
+                    Err(reset) => just_reset(reset),
+                    Ok(subscription) => Box::pin(futures::stream::unfold(
+                        Some(subscription),
+                        |subscription| async move {
+                            let mut subscription = subscription?;
+                            match subscription.next().await? {
+                                Ok(event) => Some((Ok(event_item(&event)), Some(subscription))),
+                                Err(reset) => Some((Ok(reset_item(reset)), None)),
+                            }
+                        },
+                    )),
+                }
+            }
+            Some(pb::subscribe_request::Filter::All(_)) => {
+                match self.coordinator.subscribe_all(req.from_seq, epoch) {
+                    Err(reset) => just_reset(reset),
+                    Ok(subscription) => Box::pin(futures::stream::unfold(
+                        Some(subscription),
+                        |subscription| async move {
+                            let mut subscription = subscription?;
+                            match subscription.next().await {
+                                Ok(event) => Some((Ok(event_item(&event)), Some(subscription))),
+                                Err(reset) => Some((Ok(reset_item(reset)), None)),
+                            }
+                        },
+                    )),
+                }
+            }
+            None => {
+                return Err(to_status(CoordinatorError::invalid(
+                    "subscribe needs a run_id or all",
+                )));
+            }
+        };
+        Ok(Response::new(Box::pin(
+            stream.take_until(self.stopping.clone().cancelled_owned()),
+        )))
+    }
+
+    async fn list_active(
+        &self,
+        request: Request<pb::ListActiveRequest>,
+    ) -> GrpcResult<pb::ListActiveResponse> {
+        let session = match request.into_inner().session_key {
+            Some(key) => Some(SessionKey::parse(&key).map_err(|e| to_status(e.into()))?),
+            None => None,
+        };
+        let runs = self.coordinator.list_active(session.as_ref());
+        Ok(Response::new(pb::ListActiveResponse {
+            runs: runs.into_iter().map(snapshot_to_pb).collect(),
+        }))
+    }
+}

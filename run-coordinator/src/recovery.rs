@@ -1,0 +1,143 @@
+//! Restart recovery. A coordinator owns the lanes of the sessions it serves;
+//! on start it settles every unfinished run an earlier instance left:
+//!
+//! * a run that was executing is over: it becomes terminal `lost` (the
+//!   reason says why) and its fence is taken over and released, so a zombie
+//!   executor of the old instance can no longer write;
+//! * a run that never started is queued again, in its original order, and
+//!   runs exactly once (its record moves to this instance's epoch by CAS, so
+//!   two instances cannot both pick it up).
+//!
+//! This assumes one coordinator serves these sessions at a time.
+
+use std::sync::Arc;
+
+use session_store::SessionKey;
+use session_store::model::{AcquireMode, AcquireWriter, ExpectedSession, RunRecord, RunUpdate};
+
+use crate::coordinator::{Inner, spec_of};
+use crate::error::CoordinatorResult;
+use crate::events::EventBody;
+use crate::model::{Outcome, RunErrorInfo, RunStatus};
+use crate::run::{Phase, Run};
+
+impl Inner {
+    pub(crate) async fn recover(self: &Arc<Self>) -> CoordinatorResult<()> {
+        let records = self.store.list_active_runs(None).await?;
+        let (mut lost, mut requeued) = (0, 0);
+        for record in records {
+            if record.owner == self.epoch {
+                continue;
+            }
+            match record.status {
+                RunStatus::Running => {
+                    self.mark_lost(&record).await?;
+                    lost += 1;
+                }
+                _ => {
+                    if self.requeue(record).await? {
+                        requeued += 1;
+                    }
+                }
+            }
+        }
+        if lost + requeued > 0 {
+            tracing::info!(lost, requeued, epoch = %self.epoch, "recovered runs of an earlier instance");
+        }
+        Ok(())
+    }
+
+    async fn mark_lost(&self, record: &RunRecord) -> CoordinatorResult<()> {
+        let outcome = Outcome {
+            error: Some(RunErrorInfo {
+                kind: "lost".into(),
+                message: format!(
+                    "the coordinator instance {} executing this run stopped before it finished",
+                    record.owner
+                ),
+            }),
+            ..Outcome::default()
+        };
+        let update = RunUpdate {
+            run_id: record.run_id.clone(),
+            expected_version: record.version,
+            status: RunStatus::Lost,
+            owner: Some(self.epoch.clone()),
+            outcome_json: serde_json::to_string(&outcome).ok(),
+            session_id: None,
+            fence_token: None,
+        };
+        match self.store.update_run(update).await {
+            Ok(_) => {}
+            // Settled meanwhile by someone else: nothing left to do.
+            Err(session_store::StoreError::RunVersionConflict { .. })
+            | Err(session_store::StoreError::RunTerminal { .. }) => return Ok(()),
+            Err(err) => return Err(err.into()),
+        }
+        // Take the fence from the lost run (only if it still holds it), then
+        // free the slot: its old executor's writes are now rejected.
+        let key = SessionKey::from_stored(record.session_key.clone());
+        let marker = format!("recovery-{}", self.epoch);
+        let taken = self
+            .store
+            .acquire_writer(AcquireWriter {
+                key: key.clone(),
+                expected_session: ExpectedSession::Current,
+                expected_writer: Some(record.run_id.clone()),
+                run_id: marker.clone(),
+                mode: AcquireMode::Cas,
+                label: None,
+            })
+            .await;
+        if let Ok(taken) = taken {
+            self.store
+                .release_writer(&key, &marker, taken.fence_token)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Queues a never-started run again. Returns false when another instance
+    /// claimed it first.
+    async fn requeue(self: &Arc<Self>, record: RunRecord) -> CoordinatorResult<bool> {
+        let update = RunUpdate {
+            run_id: record.run_id.clone(),
+            expected_version: record.version,
+            status: RunStatus::Queued,
+            owner: Some(self.epoch.clone()),
+            outcome_json: None,
+            session_id: None,
+            fence_token: None,
+        };
+        let claimed = match self.store.update_run(update).await {
+            Ok(claimed) => claimed,
+            Err(session_store::StoreError::RunVersionConflict { .. })
+            | Err(session_store::StoreError::RunTerminal { .. }) => return Ok(false),
+            Err(err) => return Err(err.into()),
+        };
+        let run = Arc::new(Run::from_record(
+            &claimed,
+            spec_of(&claimed),
+            self.epoch.clone(),
+        ));
+        self.hub.open(&run.id, run.key.as_str());
+        let to_start = {
+            let mut state = self.lock();
+            run.state().phase = Phase::Queued;
+            self.register(&mut state, &run);
+            self.enqueue(&mut state, &run);
+            self.pump(&mut state)
+        };
+        self.emit(
+            &run,
+            EventBody::Status {
+                status: RunStatus::Queued,
+                queue_position: self.snapshot(&run).queue_position,
+            },
+        );
+        for run in to_start {
+            tokio::spawn(self.clone().execute(run));
+        }
+        Ok(true)
+    }
+}

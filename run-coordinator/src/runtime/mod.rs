@@ -1,0 +1,136 @@
+//! Agent runtimes: what actually executes a run. One trait, three
+//! implementations (echo, OpenAI-compatible, external gRPC); cancellation
+//! reaches every one of them through the `CancellationToken`.
+
+pub mod echo;
+pub mod grpc;
+pub mod openai;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+/// One earlier turn of the session, as stored in the transcript.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryMessage {
+    pub role: String,
+    /// JSON array of content parts.
+    pub content_json: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeRequest {
+    pub run_id: String,
+    pub session_key: String,
+    pub session_id: String,
+    /// The user's message for this turn.
+    pub message: String,
+    /// Earlier turns, oldest first.
+    pub history: Vec<HistoryMessage>,
+    /// Runtime-specific options (a JSON object; `{}` when none).
+    pub options: serde_json::Value,
+    /// The run's deadline, Unix milliseconds. The coordinator enforces it.
+    pub deadline_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+}
+
+/// What a runtime reports while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuntimeEvent {
+    /// More assistant text (a delta, not the text so far).
+    AssistantDelta(String),
+    ToolStart {
+        tool_call_id: String,
+        name: String,
+        arguments_json: String,
+    },
+    ToolUpdate {
+        tool_call_id: String,
+        partial_json: String,
+    },
+    ToolResult {
+        tool_call_id: String,
+        result_json: String,
+        is_error: bool,
+    },
+    Usage(Usage),
+    /// The turn is over. A stream that ends without it means "stop".
+    Finished {
+        stop_reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    RateLimit,
+    ContextLength,
+    Timeout,
+    Refusal,
+    Unknown,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RateLimit => "rate_limit",
+            Self::ContextLength => "context_length",
+            Self::Timeout => "timeout",
+            Self::Refusal => "refusal",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// Whether the same request may succeed when tried again.
+    pub retryable: bool,
+}
+
+impl RuntimeError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>, retryable: bool) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retryable,
+        }
+    }
+}
+
+impl fmt::Display for RuntimeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.kind.as_str())
+    }
+}
+
+impl std::error::Error for RuntimeError {}
+
+/// The events of one execution; an `Err` item ends the run as failed.
+pub type RuntimeStream = BoxStream<'static, Result<RuntimeEvent, RuntimeError>>;
+
+#[async_trait]
+pub trait AgentRuntime: Send + Sync + 'static {
+    /// A short name for logs and snapshots ("echo", "openai", "grpc").
+    fn name(&self) -> &'static str;
+
+    /// Starts one execution. When `cancel` fires the runtime should stop
+    /// soon; the coordinator stops reading the stream at once either way,
+    /// so a runtime that ignores cancellation cannot change the outcome.
+    async fn execute(
+        &self,
+        request: RuntimeRequest,
+        cancel: CancellationToken,
+    ) -> Result<RuntimeStream, RuntimeError>;
+}

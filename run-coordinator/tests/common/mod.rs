@@ -1,0 +1,313 @@
+//! A small cluster for tests: a session-store gRPC server (embedded file or
+//! PostgreSQL schema) and a coordinator gRPC server that reaches the store
+//! over gRPC, plus a runtime that records every execution.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+use futures::StreamExt;
+use run_coordinator::Coordinator;
+use run_coordinator::config::CoordinatorConfig;
+use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
+use run_coordinator::runtime::{AgentRuntime, RuntimeError, RuntimeRequest, RuntimeStream};
+use session_store::SessionStore;
+use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
+use session_store::backend::postgres::{self, PgOptions, PostgresStore};
+use session_store::grpc::client::RemoteStore;
+use session_store::server::{ServeOptions, serve_store};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+/// One execution as the runtime saw it.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    pub run_id: String,
+    pub started: Instant,
+    pub ended: Option<Instant>,
+    pub cancelled: bool,
+}
+
+/// Wraps a runtime and records when each execution starts and ends.
+pub struct Recording {
+    inner: Arc<dyn AgentRuntime>,
+    pub log: Arc<Mutex<Vec<Execution>>>,
+}
+
+impl Recording {
+    pub fn echo(pace_ms: u64, chunks: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Arc::new(EchoRuntime::new(EchoConfig {
+                chunks,
+                pace: Duration::from_millis(pace_ms),
+            })),
+            log: Arc::default(),
+        })
+    }
+
+    pub fn executions(&self) -> Vec<Execution> {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn count(&self, run_id: &str) -> usize {
+        self.executions()
+            .iter()
+            .filter(|e| e.run_id == run_id)
+            .count()
+    }
+
+    /// Most executions that overlapped at any moment.
+    pub fn max_concurrency(&self) -> usize {
+        let executions = self.executions();
+        let mut points: Vec<(Instant, i32)> = Vec::new();
+        for e in &executions {
+            points.push((e.started, 1));
+            points.push((e.ended.expect("every execution ended"), -1));
+        }
+        // Ends before starts at the same instant.
+        points.sort_by_key(|(t, d)| (*t, *d));
+        let (mut now, mut max) = (0, 0);
+        for (_, d) in points {
+            now += d;
+            max = max.max(now);
+        }
+        max as usize
+    }
+}
+
+/// Records the end when the stream is dropped (finished or abandoned).
+struct EndGuard {
+    log: Arc<Mutex<Vec<Execution>>>,
+    index: usize,
+    cancel: CancellationToken,
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        let mut log = self.log.lock().unwrap();
+        log[self.index].ended = Some(Instant::now());
+        log[self.index].cancelled = self.cancel.is_cancelled();
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+
+    async fn execute(
+        &self,
+        request: RuntimeRequest,
+        cancel: CancellationToken,
+    ) -> Result<RuntimeStream, RuntimeError> {
+        let index = {
+            let mut log = self.log.lock().unwrap();
+            log.push(Execution {
+                run_id: request.run_id.clone(),
+                started: Instant::now(),
+                ended: None,
+                cancelled: false,
+            });
+            log.len() - 1
+        };
+        let guard = EndGuard {
+            log: self.log.clone(),
+            index,
+            cancel: cancel.clone(),
+        };
+        let stream = self.inner.execute(request, cancel).await?;
+        Ok(stream
+            .map(move |item| {
+                let _ = &guard;
+                item
+            })
+            .boxed())
+    }
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("CLAWGATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+pub enum Backend {
+    Embedded,
+    Postgres,
+}
+
+/// A running store + coordinator; both stop when it is dropped.
+pub struct Cluster {
+    pub client: RunCoordinatorClient<Channel>,
+    /// The store as the coordinator sees it (over gRPC).
+    pub store: RemoteStore,
+    pub coordinator_url: String,
+    pub store_url: String,
+    pub coordinator: Coordinator,
+    stop: CancellationToken,
+    pg_schema: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_store(
+    backend: Backend,
+    dir: &tempfile::TempDir,
+) -> (Arc<dyn SessionStore>, Option<String>) {
+    match backend {
+        Backend::Embedded => {
+            let store =
+                EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
+                    .await
+                    .unwrap();
+            (Arc::new(store), None)
+        }
+        Backend::Postgres => {
+            let schema = format!("rctest_{}", uuid::Uuid::new_v4().simple());
+            let options = PgOptions {
+                schema: Some(schema.clone()),
+                ..PgOptions::default()
+            };
+            let store = PostgresStore::connect(&postgres_url(), options)
+                .await
+                .unwrap();
+            (Arc::new(store), Some(schema))
+        }
+    }
+}
+
+/// Serves the store on port 0; returns its URL.
+pub async fn serve_store_on_port0(
+    backend: Arc<dyn SessionStore>,
+    stop: CancellationToken,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(serve_store(
+        backend,
+        ServeOptions::default(),
+        listener,
+        stop.cancelled_owned(),
+    ));
+    url
+}
+
+pub async fn connect(url: &str) -> RunCoordinatorClient<Channel> {
+    RunCoordinatorClient::connect(url.to_owned()).await.unwrap()
+}
+
+impl Cluster {
+    pub async fn start(runtime: Arc<dyn AgentRuntime>, config: CoordinatorConfig) -> Self {
+        Self::start_on(Backend::Embedded, runtime, config).await
+    }
+
+    pub async fn start_on(
+        backend: Backend,
+        runtime: Arc<dyn AgentRuntime>,
+        config: CoordinatorConfig,
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = CancellationToken::new();
+        let (backend, pg_schema) = start_store(backend, &dir).await;
+        let store_url = serve_store_on_port0(backend, stop.clone()).await;
+        let store = RemoteStore::connect(&store_url).await.unwrap();
+        let coordinator = Coordinator::start(Arc::new(store.clone()), runtime, config)
+            .await
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let coordinator_url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(run_coordinator::server::serve_coordinator(
+            coordinator.clone(),
+            Duration::from_secs(5),
+            listener,
+            stop.clone().cancelled_owned(),
+        ));
+        let client = connect(&coordinator_url).await;
+        Self {
+            client,
+            store,
+            coordinator_url,
+            store_url,
+            coordinator,
+            stop,
+            pg_schema,
+            _dir: dir,
+        }
+    }
+
+    pub async fn finish(self) {
+        self.stop.cancel();
+        if let Some(schema) = &self.pg_schema {
+            postgres::drop_schema(&postgres_url(), schema)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+pub fn submit_req(run_id: &str, session: &str, message: &str) -> pb::SubmitRequest {
+    pb::SubmitRequest {
+        run_id: run_id.into(),
+        session_key: session.into(),
+        kind: "agent".into(),
+        message: message.into(),
+        ..Default::default()
+    }
+}
+
+pub async fn submit(
+    client: &mut RunCoordinatorClient<Channel>,
+    req: pb::SubmitRequest,
+) -> pb::SubmitResponse {
+    client.submit(req).await.expect("submit").into_inner()
+}
+
+pub async fn wait(
+    client: &mut RunCoordinatorClient<Channel>,
+    run_id: &str,
+    timeout_ms: u64,
+) -> pb::WaitResponse {
+    client
+        .wait(pb::WaitRequest {
+            run_id: run_id.into(),
+            timeout_ms,
+        })
+        .await
+        .expect("wait")
+        .into_inner()
+}
+
+/// Waits for a terminal snapshot (generous bound; a broken run fails here).
+pub async fn finished(client: &mut RunCoordinatorClient<Channel>, run_id: &str) -> pb::RunSnapshot {
+    let waited = wait(client, run_id, 60_000).await;
+    assert!(waited.terminal, "run {run_id} did not finish: {waited:?}");
+    waited.snapshot.unwrap()
+}
+
+pub fn status(snapshot: &pb::RunSnapshot) -> session_store::model::RunStatus {
+    session_store::grpc::convert::status_from_pb(snapshot.status)
+        .unwrap()
+        .expect("a status")
+}
+
+/// Polls `check` until it holds or the deadline passes.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub fn counts(executions: &[Execution]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for e in executions {
+        *counts.entry(e.run_id.clone()).or_default() += 1;
+    }
+    counts
+}
