@@ -71,3 +71,142 @@ async fn seed_a_same_key_twice_embedded() {
 async fn seed_a_same_key_twice_postgres() {
     same_key_during_a_run_is_in_flight(Backend::Postgres).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_b_one_session_runs_one_at_a_time_in_arrival_order() {
+    let runtime = Recording::echo(5, 3);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    let ids: Vec<String> = (0..10).map(|i| format!("b-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let ack = submit(&mut client, submit_req(id, "lane", &format!("message {i}"))).await;
+        assert_eq!(ack.admission, pb::Admission::Accepted as i32);
+    }
+    for id in &ids {
+        assert_eq!(status(&finished(&mut client, id).await), RunStatus::Ok);
+    }
+    let executions = runtime.executions();
+    let order: Vec<&str> = executions.iter().map(|e| e.run_id.as_str()).collect();
+    assert_eq!(
+        order,
+        ids.iter().map(String::as_str).collect::<Vec<_>>(),
+        "arrival order"
+    );
+    for pair in executions.windows(2) {
+        assert!(
+            pair[0].ended.unwrap() <= pair[1].started,
+            "{} overlapped {}",
+            pair[0].run_id,
+            pair[1].run_id
+        );
+    }
+    // The transcript is user/assistant pairs, run by run, never interleaved.
+    let entries = transcript(&cluster, "lane").await;
+    assert_eq!(entries.len(), 20);
+    for (i, pair) in entries.chunks(2).enumerate() {
+        assert_eq!(pair[0].role, "user");
+        assert_eq!(pair[1].role, "assistant");
+        assert_eq!(pair[0].run_id, ids[i]);
+        assert_eq!(pair[1].run_id, ids[i]);
+    }
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_cap_bounds_executing_runs() {
+    let runtime = Recording::echo(20, 3);
+    let config = CoordinatorConfig {
+        max_executing: 2,
+        ..CoordinatorConfig::default()
+    };
+    let cluster = Cluster::start(runtime.clone(), config).await;
+    let mut client = cluster.client.clone();
+    for i in 0..6 {
+        submit(
+            &mut client,
+            submit_req(&format!("cap-{i}"), &format!("s{i}"), "x y z"),
+        )
+        .await;
+    }
+    for i in 0..6 {
+        assert_eq!(
+            status(&finished(&mut client, &format!("cap-{i}")).await),
+            RunStatus::Ok
+        );
+    }
+    assert_eq!(runtime.executions().len(), 6);
+    assert!(
+        runtime.max_concurrency() <= 2,
+        "{} ran at once",
+        runtime.max_concurrency()
+    );
+    assert_eq!(runtime.max_concurrency(), 2, "the cap was used");
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_position_and_reject_mode() {
+    let runtime = Recording::echo(30, 4);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    submit(&mut client, submit_req("q-1", "busy", "first")).await;
+    let second = submit(&mut client, submit_req("q-2", "busy", "second")).await;
+    let third = submit(&mut client, submit_req("q-3", "busy", "third")).await;
+    assert_eq!(status(second.snapshot.as_ref().unwrap()), RunStatus::Queued);
+    assert_eq!(second.snapshot.unwrap().queue_position, 1);
+    assert_eq!(third.snapshot.unwrap().queue_position, 2);
+
+    let mut reject = submit_req("q-4", "busy", "fourth");
+    reject.queue_mode = pb::QueueMode::Reject as i32;
+    let busy = client.submit(reject).await.unwrap_err();
+    assert_eq!(busy.code(), tonic::Code::FailedPrecondition);
+    let detail = run_coordinator::grpc::status::detail_of(&busy).unwrap();
+    assert_eq!(detail.code, pb::ErrorCode::SessionBusy as i32);
+    // Nothing was admitted for the rejected key.
+    let got = client
+        .get(pb::GetRequest {
+            run_id: "q-4".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.snapshot.is_none());
+    // On a free session, reject admits.
+    let mut free = submit_req("q-5", "idle", "fifth");
+    free.queue_mode = pb::QueueMode::Reject as i32;
+    assert_eq!(
+        submit(&mut client, free).await.admission,
+        pb::Admission::Accepted as i32
+    );
+    for id in ["q-1", "q-2", "q-3", "q-5"] {
+        assert_eq!(status(&finished(&mut client, id).await), RunStatus::Ok);
+    }
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_submits_are_invalid_argument() {
+    let cluster = Cluster::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    let mut cases = vec![
+        ("empty run id", submit_req("", "main", "hi"), "runId"),
+        ("empty message", submit_req("k1", "main", "  "), "message"),
+        (
+            "malformed key",
+            submit_req("k2", "agent:main", "hi"),
+            "malformed sessionKey",
+        ),
+    ];
+    let mut options = submit_req("k3", "main", "hi");
+    options.options_json = "[1,2]".into();
+    cases.push(("options not an object", options, "JSON object"));
+    let mut mode = submit_req("k4", "main", "hi");
+    mode.queue_mode = 42;
+    cases.push(("unknown queue mode", mode, "queue mode"));
+    for (what, req, part) in cases {
+        let err = client.submit(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}");
+        assert!(err.message().contains(part), "{what}: {}", err.message());
+    }
+    cluster.finish().await;
+}

@@ -1,0 +1,396 @@
+//! Supersede, cancel, detached execution, wait and replay through the real
+//! gRPC services (seed experiments C and D; acceptance 7–9).
+
+mod common;
+
+use std::time::Duration;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use common::*;
+use run_coordinator::config::CoordinatorConfig;
+use session_store::model::{
+    AppendEntries, EntryMetadata, HistoryCursor, HistoryQuery, NewEntry, RunStatus,
+};
+use session_store::{SessionKey, SessionStore};
+
+fn with_options(mut req: pb::SubmitRequest, options: serde_json::Value) -> pb::SubmitRequest {
+    req.options_json = options.to_string();
+    req
+}
+
+async fn entries(cluster: &Cluster, key: &str) -> Vec<session_store::model::TranscriptEntry> {
+    cluster
+        .store
+        .history(HistoryQuery {
+            key: SessionKey::parse(key).unwrap(),
+            limit: 1000,
+            cursor: HistoryCursor::After(0),
+            max_chars: None,
+            session_id: None,
+        })
+        .await
+        .unwrap()
+        .entries
+}
+
+/// Waits until the run has streamed some assistant text.
+async fn until_text(cluster: &Cluster, run_id: &str) -> pb::RunSnapshot {
+    let mut client = cluster.client.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshot = client
+            .get(pb::GetRequest {
+                run_id: run_id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if !snapshot.text.is_empty() {
+            return snapshot;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{run_id} never streamed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_c_interrupt_supersedes_the_active_run() {
+    let runtime = Recording::echo(30, 10);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    // The old run ignores cancellation: its runtime keeps emitting.
+    let old = with_options(
+        submit_req("old", "main", "a long answer that keeps going"),
+        serde_json::json!({"ignoreCancel": true}),
+    );
+    submit(&mut client, old).await;
+    let old_running = until_text(&cluster, "old").await;
+    let mut new = submit_req("new", "main", "now this");
+    new.queue_mode = pb::QueueMode::Interrupt as i32;
+    let ack = submit(&mut client, new).await;
+    assert_eq!(ack.admission, pb::Admission::Accepted as i32);
+
+    let old_done = finished(&mut client, "old").await;
+    assert_eq!(status(&old_done), RunStatus::Superseded);
+    assert_eq!(old_done.superseded_by.as_deref(), Some("new"));
+    let new_done = finished(&mut client, "new").await;
+    assert_eq!(status(&new_done), RunStatus::Ok);
+    assert!(new_done.fence_token.unwrap() > old_running.fence_token.unwrap());
+
+    // A late append with the old fence is refused by the store.
+    let late = cluster
+        .store
+        .append(AppendEntries {
+            key: SessionKey::parse("main").unwrap(),
+            session_id: old_running.session_id.as_deref().unwrap().parse().unwrap(),
+            run_id: "old".into(),
+            fence_token: old_running.fence_token.unwrap(),
+            entries: vec![NewEntry {
+                role: "assistant".into(),
+                content_json: "[]".into(),
+                timestamp_ms: None,
+                metadata: EntryMetadata::default(),
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), "STALE_WRITER");
+    // The transcript: old's user turn, then new's turn; nothing of old after.
+    let roles: Vec<(String, String)> = entries(&cluster, "main")
+        .await
+        .into_iter()
+        .map(|e| (e.run_id, e.role))
+        .collect();
+    assert_eq!(roles.first(), Some(&("old".into(), "user".into())));
+    assert_eq!(
+        &roles[roles.len() - 2..],
+        &[
+            ("new".into(), "user".into()),
+            ("new".into(), "assistant".into())
+        ]
+    );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_d_a_dropped_client_does_not_cancel_the_run() {
+    let runtime = Recording::echo(20, 5);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    {
+        // Its own connection, dropped right after the ACK.
+        let mut submitter = connect(&cluster.coordinator_url).await;
+        submit(
+            &mut submitter,
+            submit_req("detached", "main", "finish without me"),
+        )
+        .await;
+    }
+    let mut observer = connect(&cluster.coordinator_url).await;
+    let done = finished(&mut observer, "detached").await;
+    assert_eq!(status(&done), RunStatus::Ok);
+    assert_eq!(done.text, "finish without me");
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_queued_and_running_runs() {
+    let runtime = Recording::echo(30, 20);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    let running = with_options(
+        submit_req(
+            "running",
+            "main",
+            "one two three four five six seven eight nine ten",
+        ),
+        serde_json::json!({"ignoreCancel": true}),
+    );
+    submit(&mut client, running).await;
+    submit(&mut client, submit_req("queued", "main", "never runs")).await;
+    until_text(&cluster, "running").await;
+
+    // Cancel while queued: aborted, never executed.
+    let cancelled = client
+        .cancel(pb::CancelRequest {
+            target: Some(pb::cancel_request::Target::RunId("queued".into())),
+            requester: "tester".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status(&cancelled.runs[0]), RunStatus::Aborted);
+    // Cancel while running (the runtime ignores it and would finish "ok").
+    let cancelled = client
+        .cancel(pb::CancelRequest {
+            target: Some(pb::cancel_request::Target::RunId("running".into())),
+            requester: "tester".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let aborted = &cancelled.runs[0];
+    assert_eq!(status(aborted), RunStatus::Aborted);
+    assert!(!aborted.text.is_empty(), "partial text kept");
+
+    // Cancelling again changes nothing; so does the runtime's late success.
+    let again = client
+        .cancel(pb::CancelRequest {
+            target: Some(pb::cancel_request::Target::RunId("running".into())),
+            requester: "tester".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.runs[0], *aborted);
+    let record = cluster.store.get_run("running").await.unwrap().unwrap();
+    assert_eq!(record.status, RunStatus::Aborted);
+    assert_eq!(runtime.count("queued"), 0, "the queued run never executed");
+    eventually("the running run's runtime stopped being read", || {
+        runtime
+            .executions()
+            .iter()
+            .any(|e| e.run_id == "running" && e.ended.is_some())
+    })
+    .await;
+    assert_eq!(
+        status(&finished(&mut client, "running").await),
+        RunStatus::Aborted
+    );
+
+    // The partial assistant text is in the transcript, marked aborted.
+    let last = entries(&cluster, "main").await.pop().unwrap();
+    assert_eq!(last.run_id, "running");
+    assert_eq!(last.role, "assistant");
+    assert!(last.metadata.aborted);
+    assert_eq!(last.metadata.stop_reason.as_deref(), Some("aborted"));
+    assert!(last.content_json.contains(&aborted.text));
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_session_aborts_every_unfinished_run() {
+    let runtime = Recording::echo(30, 20);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    for id in ["s-1", "s-2", "s-3"] {
+        submit(&mut client, submit_req(id, "abort-me", "a b c d e f g h")).await;
+    }
+    until_text(&cluster, "s-1").await;
+    let cancelled = client
+        .cancel(pb::CancelRequest {
+            target: Some(pb::cancel_request::Target::SessionKey("abort-me".into())),
+            requester: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let statuses: Vec<RunStatus> = cancelled.runs.iter().map(status).collect();
+    assert_eq!(statuses, vec![RunStatus::Aborted; 3]);
+    assert_eq!(runtime.count("s-2") + runtime.count("s-3"), 0);
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_observes_and_many_waiters_resolve() {
+    let runtime = Recording::echo(40, 5);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    submit(
+        &mut client,
+        submit_req("observed", "main", "take your time"),
+    )
+    .await;
+    let early = wait(&mut client, "observed", 1).await;
+    assert!(!early.terminal);
+    assert!(!early.unknown);
+    let snapshot = early.snapshot.unwrap();
+    assert!(matches!(
+        status(&snapshot),
+        RunStatus::Queued | RunStatus::Running
+    ));
+
+    let waiters: Vec<_> = (0..100)
+        .map(|_| {
+            let mut client = cluster.client.clone();
+            tokio::spawn(async move { wait(&mut client, "observed", 60_000).await })
+        })
+        .collect();
+    for waiter in waiters {
+        let done = waiter.await.unwrap();
+        assert!(done.terminal);
+        assert_eq!(
+            status(done.snapshot.as_ref().unwrap()),
+            RunStatus::Ok,
+            "the timed-out wait changed nothing"
+        );
+    }
+    // An unknown run: a timeout flagged unknown.
+    let unknown = wait(&mut client, "nobody", 50).await;
+    assert!(!unknown.terminal);
+    assert!(unknown.unknown);
+    assert!(unknown.snapshot.is_none());
+    cluster.finish().await;
+}
+
+async fn collect_events(
+    client: &mut clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient<
+        tonic::transport::Channel,
+    >,
+    run_id: &str,
+    from_seq: u64,
+    take: Option<usize>,
+) -> Vec<pb::RunEvent> {
+    let mut stream = client
+        .subscribe(pb::SubscribeRequest {
+            filter: Some(pb::subscribe_request::Filter::RunId(run_id.into())),
+            from_seq,
+            epoch: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(item) = stream.message().await.unwrap() {
+        match item.item.unwrap() {
+            pb::subscribe_response::Item::Event(event) => events.push(event),
+            pb::subscribe_response::Item::Reset(reset) => panic!("unexpected reset: {reset:?}"),
+        }
+        if take.is_some_and(|n| events.len() == n) {
+            break;
+        }
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_from_a_seq_mid_run_has_no_gap_and_no_duplicate() {
+    let runtime = Recording::echo(25, 12);
+    let config = CoordinatorConfig {
+        delta_interval: Duration::from_millis(1),
+        ..CoordinatorConfig::default()
+    };
+    let cluster = Cluster::start(runtime.clone(), config).await;
+    let mut client = cluster.client.clone();
+    submit(
+        &mut client,
+        with_options(
+            submit_req("replayed", "main", "abcdefghijkl"),
+            serde_json::json!({"toolCall": true}),
+        ),
+    )
+    .await;
+    // Read a few events, then disconnect mid-run.
+    let first = collect_events(&mut client, "replayed", 0, Some(4)).await;
+    let k = first.last().unwrap().seq;
+    assert_eq!(
+        first.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=k).collect::<Vec<_>>()
+    );
+    // A new subscription from k continues at k + 1 until the end.
+    let rest = collect_events(&mut client, "replayed", k, None).await;
+    assert_eq!(rest.first().unwrap().seq, k + 1);
+    for pair in rest.windows(2) {
+        assert_eq!(pair[1].seq, pair[0].seq + 1, "gap or duplicate");
+    }
+    let done = finished(&mut client, "replayed").await;
+    assert_eq!(rest.last().unwrap().seq, done.last_seq);
+    // The last event is the lifecycle end; assistant events carry text so far.
+    let last = rest.last().unwrap();
+    assert!(
+        matches!(last.body, Some(pb::run_event::Body::Lifecycle(ref l)) if l.phase == pb::lifecycle::Phase::End as i32)
+    );
+    let texts: Vec<String> = first
+        .iter()
+        .chain(&rest)
+        .filter_map(|e| match &e.body {
+            Some(pb::run_event::Body::Assistant(a)) => Some(a.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts.last().map(String::as_str), Some("abcdefghijkl"));
+    // A replay of the whole finished run from 0 is the same sequence.
+    let all = collect_events(&mut client, "replayed", 0, None).await;
+    assert_eq!(all.len() as u64, done.last_seq);
+    // Another epoch is answered with a reset.
+    let mut stream = client
+        .subscribe(pb::SubscribeRequest {
+            filter: Some(pb::subscribe_request::Filter::RunId("replayed".into())),
+            from_seq: 0,
+            epoch: "some-old-epoch".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let item = stream.message().await.unwrap().unwrap();
+    assert!(matches!(
+        item.item,
+        Some(pb::subscribe_response::Item::Reset(_))
+    ));
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_timeout_is_terminal_timeout() {
+    let runtime = Recording::echo(50, 50);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    let mut req = submit_req("slow", "main", "this will not finish in time at all");
+    req.timeout_ms = 120;
+    submit(&mut client, req).await;
+    let done = finished(&mut client, "slow").await;
+    assert_eq!(status(&done), RunStatus::Timeout);
+    assert_eq!(done.error.unwrap().kind, "timeout");
+    eventually("the runtime was cancelled", || {
+        runtime
+            .executions()
+            .iter()
+            .any(|e| e.ended.is_some() && e.cancelled)
+    })
+    .await;
+    cluster.finish().await;
+}

@@ -1,0 +1,165 @@
+//! Restart recovery with the real binary: the coordinator process is
+//! SIGKILLed mid-run and started again against the same store. The runtime is
+//! an external gRPC runtime in this test process, so executions are counted
+//! across both coordinator processes.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+use common::*;
+use run_coordinator::runtime::grpc::serve_runtime;
+use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
+use session_store::grpc::client::RemoteStore;
+use session_store::model::{AppendEntries, EntryMetadata, NewEntry, RunStatus};
+use session_store::{SessionKey, SessionStore};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::transport::server::TcpIncoming;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_coordinator(port: u16, store_url: &str, runtime_url: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_run-coordinator"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--store-address", store_url])
+        .args(["--runtime", "grpc", "--runtime-address", runtime_url])
+        .args(["--max-executing", "1"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the run-coordinator binary")
+}
+
+async fn connect_when_up(port: u16) -> RunCoordinatorClient<Channel> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut client) =
+            RunCoordinatorClient::connect(format!("http://127.0.0.1:{port}")).await
+            && client
+                .list_active(pb::ListActiveRequest::default())
+                .await
+                .is_ok()
+        {
+            return client;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the coordinator did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest() {
+    let stop = CancellationToken::new();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
+        .await
+        .unwrap();
+    let store_url = serve_store_on_port0(Arc::new(backend), stop.clone()).await;
+    let store = RemoteStore::connect(&store_url).await.unwrap();
+
+    let runtime = Recording::echo(40, 50);
+    let runtime_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let runtime_url = format!("http://{}", runtime_listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(serve_runtime(runtime.clone()))
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(runtime_listener),
+                stop.clone().cancelled_owned(),
+            ),
+    );
+
+    let port = free_port();
+    let mut child = start_coordinator(port, &store_url, &runtime_url);
+    let mut client = connect_when_up(port).await;
+    let long = "a long answer ".repeat(20);
+    submit(&mut client, submit_req("doomed", "main", &long)).await;
+    submit(
+        &mut client,
+        submit_req("queued-same", "main", "after the doomed one"),
+    )
+    .await;
+    submit(
+        &mut client,
+        submit_req("queued-other", "other", "waits for the cap"),
+    )
+    .await;
+    // Mid-run: the runtime is streaming the first run.
+    let running = loop {
+        let snapshot = client
+            .get(pb::GetRequest {
+                run_id: "doomed".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if !snapshot.text.is_empty() {
+            break snapshot;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    child.start_kill().unwrap(); // SIGKILL
+    child.wait().await.unwrap();
+
+    let mut child = start_coordinator(port, &store_url, &runtime_url);
+    let mut client = connect_when_up(port).await;
+    let lost = finished(&mut client, "doomed").await;
+    assert_eq!(status(&lost), RunStatus::Lost);
+    assert_eq!(lost.error.as_ref().unwrap().kind, "lost");
+    // Resubmitting the lost run's key answers `lost` and runs nothing.
+    let again = submit(&mut client, submit_req("doomed", "main", &long)).await;
+    assert_eq!(again.admission, pb::Admission::Completed as i32);
+    assert_eq!(status(again.snapshot.as_ref().unwrap()), RunStatus::Lost);
+    // The zombie's fence no longer writes.
+    let stale = store
+        .append(AppendEntries {
+            key: SessionKey::parse("main").unwrap(),
+            session_id: running.session_id.as_deref().unwrap().parse().unwrap(),
+            run_id: "doomed".into(),
+            fence_token: running.fence_token.unwrap(),
+            entries: vec![NewEntry {
+                role: "assistant".into(),
+                content_json: "[]".into(),
+                timestamp_ms: None,
+                metadata: EntryMetadata::default(),
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), "STALE_WRITER");
+    // The queued runs ran after the restart, exactly once each.
+    for id in ["queued-same", "queued-other"] {
+        assert_eq!(
+            status(&finished(&mut client, id).await),
+            RunStatus::Ok,
+            "{id}"
+        );
+    }
+    let counts = counts(&runtime.executions());
+    assert_eq!(counts.get("doomed"), Some(&1));
+    assert_eq!(counts.get("queued-same"), Some(&1));
+    assert_eq!(counts.get("queued-other"), Some(&1));
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    stop.cancel();
+}
