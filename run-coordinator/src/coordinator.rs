@@ -367,20 +367,10 @@ impl Inner {
         self.hub.open(&run.id, run.key.as_str());
         let to_start = {
             let mut state = self.lock();
-            run.state().phase = Phase::Queued;
-            self.enqueue(&mut state, run);
+            self.enqueue_queued(&mut state, run);
             self.pump(&mut state)
         };
         let snapshot = self.snapshot(run);
-        if snapshot.status == RunStatus::Queued {
-            self.emit(
-                run,
-                EventBody::Status {
-                    status: RunStatus::Queued,
-                    queue_position: snapshot.queue_position,
-                },
-            );
-        }
         self.spawn_all(to_start);
         Ok(Submitted {
             admission: Admission::Accepted,
@@ -420,9 +410,23 @@ impl Inner {
         state.runs.insert(run.id.clone(), run.clone());
     }
 
+    /// Puts an admitted run in its lane as queued and says so in its event
+    /// log, before any executor can emit its start.
+    pub(crate) fn enqueue_queued(&self, state: &mut State, run: &Arc<Run>) {
+        run.state().phase = Phase::Queued;
+        self.enqueue(state, run);
+        self.emit(
+            run,
+            EventBody::Status {
+                status: RunStatus::Queued,
+                queue_position: Self::queue_position(state, run),
+            },
+        );
+    }
+
     /// Puts an admitted run in its lane. `interrupt` supersedes the lane's
     /// running run and goes first.
-    pub(crate) fn enqueue(&self, state: &mut State, run: &Arc<Run>) {
+    fn enqueue(&self, state: &mut State, run: &Arc<Run>) {
         let lane = state.lanes.entry(run.key.clone()).or_default();
         if run.spec.queue_mode == QueueMode::Interrupt {
             if let Some(old_id) = lane.running.take()
@@ -445,6 +449,10 @@ impl Inner {
     /// global cap allows. Returns them; the caller spawns their executors.
     pub(crate) fn pump(&self, state: &mut State) -> Vec<Arc<Run>> {
         let mut started = Vec::new();
+        if state.draining {
+            // Queued runs stay queued in the store for the next instance.
+            return started;
+        }
         let mut index = 0;
         while state.executing < self.config.max_executing && index < state.waiting.len() {
             let id = state.waiting[index].clone();

@@ -17,9 +17,8 @@ use session_store::model::{AcquireMode, AcquireWriter, ExpectedSession, RunRecor
 
 use crate::coordinator::{Inner, spec_of};
 use crate::error::CoordinatorResult;
-use crate::events::EventBody;
 use crate::model::{Outcome, RunErrorInfo, RunStatus};
-use crate::run::{Phase, Run};
+use crate::run::Run;
 
 impl Inner {
     pub(crate) async fn recover(self: &Arc<Self>) -> CoordinatorResult<()> {
@@ -123,18 +122,10 @@ impl Inner {
         self.hub.open(&run.id, run.key.as_str());
         let to_start = {
             let mut state = self.lock();
-            run.state().phase = Phase::Queued;
             self.register(&mut state, &run);
-            self.enqueue(&mut state, &run);
+            self.enqueue_queued(&mut state, &run);
             self.pump(&mut state)
         };
-        self.emit(
-            &run,
-            EventBody::Status {
-                status: RunStatus::Queued,
-                queue_position: self.snapshot(&run).queue_position,
-            },
-        );
         for run in to_start {
             tokio::spawn(self.clone().execute(run));
         }

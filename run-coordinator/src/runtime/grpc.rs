@@ -23,7 +23,7 @@ use clawgate_proto::agent_runtime::v1::agent_runtime_server::{self, AgentRuntime
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
@@ -101,6 +101,10 @@ impl GrpcRuntime {
     pub fn address(&self) -> &str {
         &self.address
     }
+
+    fn timed_out(&self) -> RuntimeError {
+        timeout_error(&self.address, self.request_timeout.unwrap_or_default())
+    }
 }
 
 #[async_trait]
@@ -160,15 +164,9 @@ impl AgentRuntime for GrpcRuntime {
             deadline,
             address: self.address.clone(),
             timeout: self.request_timeout,
-            _done: done,
+            done: done.disarm(),
         };
-        Ok(futures::stream::unfold(call, Call::next).boxed())
-    }
-}
-
-impl GrpcRuntime {
-    fn timed_out(&self) -> RuntimeError {
-        timeout_error(&self.address, self.request_timeout.unwrap_or_default())
+        Ok(futures::stream::unfold(call, Call::next).fuse().boxed())
     }
 }
 
@@ -188,8 +186,15 @@ struct Call {
     deadline: Option<Instant>,
     address: Arc<str>,
     timeout: Option<Duration>,
-    /// Tells the cancel watcher the call is over, when this state drops.
-    _done: DropGuard,
+    /// Tells the cancel watcher the call is over: fired at the end of the
+    /// call, or when this state drops.
+    done: CancellationToken,
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.done.cancel();
+    }
 }
 
 impl Call {
@@ -217,9 +222,11 @@ impl Call {
                 Ok(None) => return None,
                 Err(status) => Err(status_to_error(&self.address, &status)),
             };
-            if item.is_err() {
-                // `failed` (or a broken call) ends the stream.
+            // `finished` and `failed` (or a broken call) end the stream; the
+            // runtime is done, so a later cancellation need not reach it.
+            if matches!(item, Err(_) | Ok(RuntimeEvent::Finished { .. })) {
                 self.events = None;
+                self.done.cancel();
             }
             return Some((item, self));
         }
@@ -486,11 +493,6 @@ impl<R: AgentRuntime + ?Sized> RuntimeService<R> {
         }
     }
 
-    /// How many executions are running (for tests and metrics).
-    pub fn running(&self) -> usize {
-        lock(&self.runs).len()
-    }
-
     fn register(&self, run_id: &str) -> RunGuard {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let cancel = CancellationToken::new();
@@ -602,6 +604,7 @@ impl<R: AgentRuntime + ?Sized> agent_runtime_server::AgentRuntime for RuntimeSer
                 },
                 Forward::next,
             )
+            .fuse()
             .boxed(),
             Err(error) => {
                 guard.completed = true;

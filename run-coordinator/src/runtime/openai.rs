@@ -58,6 +58,10 @@
 //! breaks, or stalls past the idle timeout) before any finish reason is a
 //! failure.
 //!
+//! A server that ignores `stream` and answers `application/json` with a
+//! whole completion is read the same way, each choice's `message` taken as
+//! one delta.
+//!
 //! # Errors
 //!
 //! | cause                                              | kind            | retryable |
@@ -69,7 +73,7 @@
 //! | refusal delta, `content_filter` finish             | `Refusal`       | no        |
 //! | HTTP 5xx, connection failure, broken stream        | `Unknown`       | yes       |
 //! | other HTTP 4xx                                     | `Unknown`       | no        |
-//! | `error` object inside the stream                   | by its code, type and message; `Unknown` ones are retryable |
+//! | `error` object inside a 200 stream: by its code, type and message as above, else `Unknown` | | yes, unless it names a 4xx code or `invalid_request_error` |
 //!
 //! # Retries and fallback
 //!
@@ -81,7 +85,9 @@
 //! capped at `max_backoff`; at most `max_retries` times per model. Then the
 //! next model of `fallback_models` is tried the same way (at once, without
 //! a backoff), and when none is left the last error is returned. A failure
-//! that is not retryable ends the run at once, without fallback.
+//! that is not retryable ends the run at once, without fallback. (An error
+//! after output keeps its classification, `retryable` included, for the
+//! caller to judge; the runtime itself does not retry it.)
 //!
 //! # Timeouts and cancellation
 //!
@@ -102,7 +108,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
@@ -117,11 +123,14 @@ use super::{
 const CHANNEL_CAPACITY: usize = 64;
 /// How much of an error response body is read and kept.
 const ERROR_BODY_LIMIT: usize = 16 * 1024;
+/// The largest plain JSON completion read (from a server that ignored
+/// `"stream": true`).
+const WHOLE_BODY_LIMIT: usize = 8 * 1024 * 1024;
 /// How much of an error body goes into an error message.
 const ERROR_MESSAGE_LIMIT: usize = 500;
 
 /// Where and how to reach the server, and the retry policy.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenAiConfig {
     /// The API root, e.g. `https://api.openai.com/v1`; `/chat/completions`
     /// is appended.
@@ -142,6 +151,23 @@ pub struct OpenAiConfig {
     pub request_timeout: Duration,
     /// The longest gap allowed between two chunks of the stream.
     pub idle_timeout: Duration,
+}
+
+/// Shows everything but the API key.
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .field("fallback_models", &self.fallback_models)
+            .field("max_retries", &self.max_retries)
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("request_timeout", &self.request_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
 }
 
 impl Default for OpenAiConfig {
@@ -723,6 +749,26 @@ impl Turn {
         }
     }
 
+    /// Handles a whole (non-streamed) completion: each choice's `message`
+    /// is read as if it were one delta.
+    fn on_completion(
+        &mut self,
+        completion: &Value,
+        out: &mut Vec<RuntimeEvent>,
+    ) -> Result<(), RuntimeError> {
+        let mut chunk = completion.clone();
+        if let Some(choices) = chunk.get_mut("choices").and_then(Value::as_array_mut) {
+            for choice in choices {
+                if let Some(choice) = choice.as_object_mut()
+                    && let Some(message) = choice.remove("message")
+                {
+                    choice.insert("delta".into(), message);
+                }
+            }
+        }
+        self.on_chunk(&chunk, out).map(drop)
+    }
+
     fn on_chunk(
         &mut self,
         chunk: &Value,
@@ -1002,7 +1048,7 @@ impl Driver {
             () = self.stop.cancelled() => return Outcome::Stopped,
             response = tokio::time::timeout(timeout, request.send()) => response,
         };
-        let mut response = match response {
+        let response = match response {
             Err(_) => {
                 let message = format!("{model}: no response within {timeout:?}");
                 return Outcome::failed(
@@ -1025,9 +1071,10 @@ impl Driver {
         let status = response.status();
         if !status.is_success() {
             let retry_after = retry_after(response.headers());
-            let Some(body) = self.read_error_body(response).await else {
+            let Some((body, _)) = self.read_body(response, ERROR_BODY_LIMIT).await else {
                 return Outcome::Stopped;
             };
+            let body = String::from_utf8_lossy(&body);
             return Outcome::Failed(Failure {
                 error: classify_http(status, &body, model),
                 emitted: false,
@@ -1035,6 +1082,20 @@ impl Driver {
             });
         }
 
+        let is_json = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("application/json"));
+        if is_json {
+            self.read_whole(model, response).await
+        } else {
+            self.read_stream(model, response).await
+        }
+    }
+
+    /// Reads an SSE body, sending events as they come.
+    async fn read_stream(&self, model: &str, mut response: reqwest::Response) -> Outcome {
         let idle = self.config.idle_timeout;
         let mut parser = SseParser::default();
         let mut turn = Turn::new(model, &self.run_id);
@@ -1059,17 +1120,13 @@ impl Driver {
                 _ if turn.finish_reason.is_some() => ended = true,
                 Err(_) => {
                     let message = format!("{model}: the stream was idle for {idle:?}");
-                    return Outcome::failed(
-                        RuntimeError::new(ErrorKind::Timeout, message, true),
-                        emitted,
-                    );
+                    let error = RuntimeError::new(ErrorKind::Timeout, message, true);
+                    return Outcome::failed(error, emitted);
                 }
                 Ok(Err(e)) => {
                     let message = format!("{model}: the stream broke: {}", error_chain(&e));
-                    return Outcome::failed(
-                        RuntimeError::new(ErrorKind::Unknown, message, true),
-                        emitted,
-                    );
+                    let error = RuntimeError::new(ErrorKind::Unknown, message, true);
+                    return Outcome::failed(error, emitted);
                 }
             }
 
@@ -1088,12 +1145,9 @@ impl Driver {
                     }
                 }
             }
-            payloads.clear();
             if failure.is_none() && (done || ended) {
                 if done || turn.finish_reason.is_some() || !turn.refusal.is_empty() {
-                    if let Err(error) = turn.finish(&mut events) {
-                        failure = Some(error);
-                    }
+                    failure = turn.finish(&mut events).err();
                 } else {
                     failure = Some(RuntimeError::new(
                         ErrorKind::Unknown,
@@ -1102,11 +1156,8 @@ impl Driver {
                     ));
                 }
             }
-            for event in events.drain(..) {
-                if !self.send(Ok(event)).await {
-                    return Outcome::Stopped;
-                }
-                emitted = true;
+            if !self.deliver(&mut events, &mut emitted).await {
+                return Outcome::Stopped;
             }
             if let Some(error) = failure {
                 return Outcome::failed(error, emitted);
@@ -1117,25 +1168,80 @@ impl Driver {
         }
     }
 
-    /// Reads up to [`ERROR_BODY_LIMIT`] of an error body, within the
-    /// request timeout; `None` when stopped.
-    async fn read_error_body(&self, mut response: reqwest::Response) -> Option<String> {
-        let mut body = Vec::new();
-        let read = async {
-            while body.len() < ERROR_BODY_LIMIT {
-                match response.chunk().await {
-                    Ok(Some(bytes)) => body.extend_from_slice(&bytes),
-                    _ => break,
-                }
+    /// Reads a plain JSON completion, from a server that ignored `stream`.
+    async fn read_whole(&self, model: &str, response: reqwest::Response) -> Outcome {
+        let Some((body, problem)) = self.read_body(response, WHOLE_BODY_LIMIT).await else {
+            return Outcome::Stopped;
+        };
+        let completion = match serde_json::from_slice::<Value>(&body) {
+            Ok(completion) => completion,
+            Err(e) => {
+                let why = problem.unwrap_or_else(|| e.to_string());
+                let message = format!("{model}: unreadable JSON response: {why}");
+                let error = RuntimeError::new(ErrorKind::Unknown, message, true);
+                return Outcome::failed(error, false);
             }
         };
+        let mut turn = Turn::new(model, &self.run_id);
+        let mut events = Vec::new();
+        let result = turn
+            .on_completion(&completion, &mut events)
+            .and_then(|()| turn.finish(&mut events));
+        let mut emitted = false;
+        if !self.deliver(&mut events, &mut emitted).await {
+            return Outcome::Stopped;
+        }
+        match result {
+            Ok(()) => Outcome::Done,
+            Err(error) => Outcome::failed(error, emitted),
+        }
+    }
+
+    /// Sends `events` in order; false when stopped.
+    async fn deliver(&self, events: &mut Vec<RuntimeEvent>, emitted: &mut bool) -> bool {
+        for event in events.drain(..) {
+            if !self.send(Ok(event)).await {
+                return false;
+            }
+            *emitted = true;
+        }
+        true
+    }
+
+    /// Reads up to `limit` bytes of a body, within the request timeout, and
+    /// says what stopped the read early, if anything; `None` when stopped.
+    async fn read_body(
+        &self,
+        mut response: reqwest::Response,
+        limit: usize,
+    ) -> Option<(Vec<u8>, Option<String>)> {
+        let mut body = Vec::new();
+        let mut problem = None;
+        let read = async {
+            while body.len() < limit {
+                match response.chunk().await {
+                    Ok(Some(bytes)) => body.extend_from_slice(&bytes),
+                    Ok(None) => return,
+                    Err(e) => {
+                        problem = Some(error_chain(&e));
+                        return;
+                    }
+                }
+            }
+            problem = Some(format!("the body is larger than {limit} bytes"));
+        };
+        let timeout = self.config.request_timeout;
         tokio::select! {
             biased;
             () = self.stop.cancelled() => return None,
-            _ = tokio::time::timeout(self.config.request_timeout, read) => {}
+            read = tokio::time::timeout(timeout, read) => {
+                if read.is_err() {
+                    problem = Some(format!("the body took longer than {timeout:?}"));
+                }
+            }
         }
-        body.truncate(ERROR_BODY_LIMIT);
-        Some(String::from_utf8_lossy(&body).into_owned())
+        body.truncate(limit);
+        Some((body, problem))
     }
 }
 
@@ -1453,5 +1559,10 @@ mod tests {
             .is_err()
         );
         assert!(OpenAiRuntime::new(OpenAiConfig::default()).is_ok());
+        let config = OpenAiConfig {
+            api_key: Some("sk-secret".into()),
+            ..OpenAiConfig::default()
+        };
+        assert!(!format!("{config:?}").contains("sk-secret"));
     }
 }
