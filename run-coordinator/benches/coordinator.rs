@@ -59,7 +59,10 @@ async fn run_case(address: &str, concurrency: usize, per_case: Duration, tag: &s
                     .unwrap();
                 acks.push(sent.elapsed().as_micros() as u64);
                 let waited = client
-                    .wait(pb::WaitRequest { run_id, timeout_ms: 60_000 })
+                    .wait(pb::WaitRequest {
+                        run_id,
+                        timeout_ms: 60_000,
+                    })
                     .await
                     .unwrap()
                     .into_inner();
@@ -84,7 +87,12 @@ async fn run_case(address: &str, concurrency: usize, per_case: Duration, tag: &s
 async fn main() {
     let benchmarking = std::env::args().any(|arg| arg == "--bench");
     let per_case = if benchmarking {
-        Duration::from_secs(std::env::var("BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3))
+        Duration::from_secs(
+            std::env::var("BENCH_SECONDS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(3),
+        )
     } else {
         println!("(smoke run: the numbers mean nothing; use `cargo bench -p run-coordinator`)");
         Duration::from_millis(100)
@@ -96,7 +104,12 @@ async fn main() {
         .unwrap();
     let store_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let store_url = format!("http://{}", store_listener.local_addr().unwrap());
-    tokio::spawn(serve_store(Arc::new(backend), ServeOptions::default(), store_listener, stop.clone().cancelled_owned()));
+    tokio::spawn(serve_store(
+        Arc::new(backend),
+        ServeOptions::default(),
+        store_listener,
+        stop.clone().cancelled_owned(),
+    ));
     let store = RemoteStore::connect(&store_url).await.unwrap();
     // Echo with no pacing: the cost measured is the coordinator's and the store's.
     let runtime = Arc::new(EchoRuntime::new(EchoConfig {
@@ -107,7 +120,9 @@ async fn main() {
         max_executing: 64,
         ..CoordinatorConfig::default()
     };
-    let coordinator = Coordinator::start(Arc::new(store), runtime, config).await.unwrap();
+    let coordinator = Coordinator::start(Arc::new(store), runtime, config)
+        .await
+        .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(run_coordinator::server::serve_coordinator(

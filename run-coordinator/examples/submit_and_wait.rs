@@ -16,8 +16,11 @@ use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorC
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let message = std::env::args().nth(1).unwrap_or_else(|| "hello from an internal service".into());
-    let address = std::env::var("COORDINATOR_ADDRESS").unwrap_or_else(|_| "http://127.0.0.1:50062".into());
+    let message = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "hello from an internal service".into());
+    let address =
+        std::env::var("COORDINATOR_ADDRESS").unwrap_or_else(|_| "http://127.0.0.1:50062".into());
     let mut client = RunCoordinatorClient::connect(address).await?;
 
     // One business intent = one idempotency key. Retrying this exact request
@@ -47,7 +50,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(item) = events.message().await? {
         match item.item {
             Some(pb::subscribe_response::Item::Event(event)) => match event.body {
-                Some(pb::run_event::Body::Assistant(a)) => println!("#{} delta {:?}", event.seq, a.delta),
+                Some(pb::run_event::Body::Assistant(a)) => {
+                    println!("#{} delta {:?}", event.seq, a.delta)
+                }
                 Some(body) => println!("#{} {body:?}", event.seq),
                 None => {}
             },

@@ -394,3 +394,62 @@ async fn a_run_timeout_is_terminal_timeout() {
     .await;
     cluster.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_stops_admission_and_lets_running_runs_finish() {
+    let runtime = Recording::echo(20, 5);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    submit(
+        &mut client,
+        submit_req("before", "main", "finishes during the drain"),
+    )
+    .await;
+    until_text(&cluster, "before").await;
+    let coordinator = cluster.coordinator.clone();
+    let drained = tokio::spawn(async move { coordinator.drain(Duration::from_secs(30)).await });
+    // Admission closes as soon as the drain task has started.
+    let mut attempt = 0;
+    let refused = loop {
+        attempt += 1;
+        let late = submit_req(&format!("after-{attempt}"), "other", "too late");
+        if let Err(status) = client.submit(late).await {
+            break status;
+        }
+    };
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    let detail = run_coordinator::grpc::status::detail_of(&refused).unwrap();
+    assert_eq!(detail.code, pb::ErrorCode::Draining as i32);
+    drained.await.unwrap();
+    let done = finished(&mut client, "before").await;
+    assert_eq!(
+        status(&done),
+        RunStatus::Ok,
+        "the running run finished within the deadline"
+    );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_are_served() {
+    let cluster = Cluster::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
+    let channel = tonic::transport::Endpoint::from_shared(cluster.coordinator_url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "clawgate.run_coordinator.v1.RunCoordinator".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    cluster.finish().await;
+}

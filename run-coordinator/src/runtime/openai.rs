@@ -817,14 +817,16 @@ impl Turn {
         Ok(Flow::Continue)
     }
 
+    /// One entry of `delta.tool_calls`; `position` stands in for a
+    /// missing `index`.
     fn on_tool_call(&mut self, position: usize, call: &Value, out: &mut Vec<RuntimeEvent>) {
+        fn text(v: Option<&Value>) -> Option<&str> {
+            v.and_then(Value::as_str).filter(|s| !s.is_empty())
+        }
         let index = call
             .get("index")
             .and_then(Value::as_u64)
             .unwrap_or(position as u64);
-        fn text(v: Option<&Value>) -> Option<&str> {
-            v.and_then(Value::as_str).filter(|s| !s.is_empty())
-        }
         let function = call.get("function");
         let tool = self.tools.entry(index).or_default();
         if tool.id.is_none() {
