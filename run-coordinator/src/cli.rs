@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use session_store::config::parse_duration;
+use clawgate_common::parse_duration;
 
 use crate::config::CoordinatorConfig;
 use crate::events::HubLimits;

@@ -17,12 +17,8 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    clawgate_common::init_logging();
     let args = Cli::parse().serve;
     let listener = TcpListener::bind(args.listen).await?;
-    run_coordinator::server::serve(args, listener, session_store::shutdown_signal()).await
+    run_coordinator::server::serve(args, listener, clawgate_common::shutdown_signal()).await
 }

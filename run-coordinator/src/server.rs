@@ -58,11 +58,8 @@ pub async fn serve_coordinator(
     health
         .set_serving::<RunCoordinatorServer<RunCoordinatorService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(clawgate_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
+    let reflection =
+        clawgate_common::reflection_service().context("building the reflection service")?;
     let address = listener.local_addr()?;
     tracing::info!(%address, epoch = coordinator.epoch(), "run coordinator serving gRPC");
     Server::builder()

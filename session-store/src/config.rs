@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use clawgate_common::parse_duration;
 
 use crate::limits::Limits;
 
@@ -121,39 +122,9 @@ impl BackendLocation {
     }
 }
 
-/// Parses `500ms`, `90s`, `30m`, `24h`, `7d`, or plain seconds.
-pub fn parse_duration(raw: &str) -> Result<Duration, String> {
-    let raw = raw.trim();
-    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
-    let (digits, unit) = raw.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{raw:?} is not a duration like 90s, 30m or 24h"))?;
-    let seconds = |factor: u64| Duration::from_secs(n.saturating_mul(factor));
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(seconds(1)),
-        "m" => Ok(seconds(60)),
-        "h" => Ok(seconds(3600)),
-        "d" => Ok(seconds(86_400)),
-        _ => Err(format!(
-            "unknown duration unit in {raw:?} (use ms, s, m, h or d)"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
-        assert!(parse_duration("h").is_err());
-        assert!(parse_duration("5 weeks").is_err());
-    }
 
     #[test]
     fn backend_location() {

@@ -20,26 +20,3 @@ pub mod store;
 pub use error::{StoreError, StoreResult};
 pub use key::SessionKey;
 pub use store::SessionStore;
-
-/// Resolves on SIGTERM (Kubernetes) or ctrl-c: the shutdown signal of every
-/// clawgate binary.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-}

@@ -17,12 +17,8 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    clawgate_common::init_logging();
     let config = Cli::parse().config;
     let listener = TcpListener::bind(config.listen).await?;
-    session_store::server::serve(config, listener, session_store::shutdown_signal()).await
+    session_store::server::serve(config, listener, clawgate_common::shutdown_signal()).await
 }

@@ -101,11 +101,8 @@ pub async fn serve_store(
     health
         .set_serving::<SessionStoreServer<SessionStoreService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(clawgate_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
+    let reflection =
+        clawgate_common::reflection_service().context("building the reflection service")?;
 
     let purger = tokio::spawn(purge_expired_runs(
         store,

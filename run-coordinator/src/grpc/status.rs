@@ -1,9 +1,7 @@
 //! `CoordinatorError` → `tonic::Status`, in one place. The machine-readable
 //! `CoordinatorErrorDetail` travels inside the standard details trailer.
 
-use clawgate_proto::rpc::v1 as rpc;
 use clawgate_proto::run_coordinator::v1 as pb;
-use prost::Message;
 use tonic::{Code, Status};
 
 use super::convert::snapshot_to_pb;
@@ -37,23 +35,10 @@ pub fn to_status(err: CoordinatorError) -> Status {
         code: detail_code as i32,
         run,
     };
-    let details = rpc::Status {
-        code: code as i32,
-        message: message.clone(),
-        details: vec![prost_types::Any {
-            type_url: DETAIL_TYPE_URL.to_owned(),
-            value: detail.encode_to_vec(),
-        }],
-    };
-    Status::with_details(code, message, details.encode_to_vec().into())
+    clawgate_proto::status_detail::with_detail(code, message, DETAIL_TYPE_URL, &detail)
 }
 
 /// The detail a coordinator error carries, for clients.
 pub fn detail_of(status: &Status) -> Option<pb::CoordinatorErrorDetail> {
-    rpc::Status::decode(status.details())
-        .ok()?
-        .details
-        .into_iter()
-        .find(|d| d.type_url == DETAIL_TYPE_URL)
-        .and_then(|any| pb::CoordinatorErrorDetail::decode(any.value.as_slice()).ok())
+    clawgate_proto::status_detail::detail_of(status, DETAIL_TYPE_URL)
 }

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use clawgate_common::parse_duration;
 use run_coordinator::Coordinator;
 use run_coordinator::cli::CoordinatorArgs;
-use session_store::config::{LimitArgs, StoreConfig, parse_duration};
+use session_store::config::{LimitArgs, StoreConfig};
 use session_store::limits::Checked;
 use session_store::server::{ServeOptions, open_backend, serve_store};
 use tokio::net::TcpListener;
@@ -47,11 +48,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    clawgate_common::init_logging();
     let cli = Cli::parse();
     let store_config = StoreConfig {
         listen: cli.store_listen,
@@ -91,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
         coordinator,
         cli.coordinator.drain_timeout,
         coordinator_listener,
-        session_store::shutdown_signal(),
+        clawgate_common::shutdown_signal(),
     )
     .await;
     store_stop.cancel();

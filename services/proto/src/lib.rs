@@ -27,3 +27,38 @@ pub mod session_store {
         tonic::include_proto!("clawgate.session_store.v1");
     }
 }
+
+/// Errors with a machine-readable detail, the standard way: a
+/// `google.rpc.Status` (here `rpc::v1::Status`) in the
+/// `grpc-status-details-bin` trailer, the detail inside as an `Any`.
+pub mod status_detail {
+    use prost::Message;
+
+    /// A `tonic::Status` carrying `detail` under `type_url`.
+    pub fn with_detail(
+        code: tonic::Code,
+        message: String,
+        type_url: &str,
+        detail: &impl Message,
+    ) -> tonic::Status {
+        let details = crate::rpc::v1::Status {
+            code: code as i32,
+            message: message.clone(),
+            details: vec![prost_types::Any {
+                type_url: type_url.to_owned(),
+                value: detail.encode_to_vec(),
+            }],
+        };
+        tonic::Status::with_details(code, message, details.encode_to_vec().into())
+    }
+
+    /// The detail of type `type_url` a status carries, if any.
+    pub fn detail_of<M: Message + Default>(status: &tonic::Status, type_url: &str) -> Option<M> {
+        crate::rpc::v1::Status::decode(status.details())
+            .ok()?
+            .details
+            .into_iter()
+            .find(|d| d.type_url == type_url)
+            .and_then(|any| M::decode(any.value.as_slice()).ok())
+    }
+}

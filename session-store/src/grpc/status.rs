@@ -5,9 +5,7 @@
 //! inside the standard google.rpc.Status details trailer, so the remote client
 //! rebuilds the exact `StoreError`.
 
-use clawgate_proto::rpc::v1 as rpc;
 use clawgate_proto::session_store::v1 as pb;
-use prost::Message;
 use tonic::{Code, Status};
 
 use super::convert::{run_from_pb, run_to_pb, session_from_pb, session_to_pb};
@@ -66,29 +64,15 @@ pub fn to_status(err: StoreError) -> Status {
         StoreError::RunNotFound(run_id) => detail.run_id = Some(run_id),
         _ => {}
     }
-    let details = rpc::Status {
-        code: code as i32,
-        message: message.clone(),
-        details: vec![prost_types::Any {
-            type_url: DETAIL_TYPE_URL.to_owned(),
-            value: detail.encode_to_vec(),
-        }],
-    };
-    Status::with_details(code, message, details.encode_to_vec().into())
+    clawgate_proto::status_detail::with_detail(code, message, DETAIL_TYPE_URL, &detail)
 }
 
 /// Rebuilds the `StoreError` a server sent. A status without our detail (a
 /// transport failure, a proxy) maps by its gRPC code.
 pub fn from_status(status: Status) -> StoreError {
     let message = status.message().to_owned();
-    let detail = rpc::Status::decode(status.details())
-        .ok()
-        .and_then(|s| {
-            s.details
-                .into_iter()
-                .find(|d| d.type_url == DETAIL_TYPE_URL)
-        })
-        .and_then(|any| pb::StoreErrorDetail::decode(any.value.as_slice()).ok());
+    let detail: Option<pb::StoreErrorDetail> =
+        clawgate_proto::status_detail::detail_of(&status, DETAIL_TYPE_URL);
     let Some(detail) = detail else {
         return match status.code() {
             Code::InvalidArgument => StoreError::InvalidArgument(message),
