@@ -1,2 +1,22 @@
-//! The OpenClaw gateway protocol v4 edge: WebSocket in front, gRPC behind.
-//! Built in step 3 (issue 4); the session store it will call is in `session-store`.
+//! The gateway edge: the OpenClaw gateway protocol v4 over WebSocket,
+//! translated into gRPC calls to the run coordinator and the session store.
+//!
+//! `server` (HTTP listener, upgrade, pre-auth budget), `socket` (one
+//! connection's life), `handshake` + `identity` + `device` (connect),
+//! `scopes` (authorization), `methods` + `params` (the served methods),
+//! `fanout` (run events to clients), `conn` (outbox with the slow-consumer
+//! policy), `frames` (the wire shapes).
+
+pub mod config;
+pub mod conn;
+pub mod device;
+pub mod edge;
+pub mod fanout;
+pub mod frames;
+pub mod handshake;
+pub mod identity;
+pub mod methods;
+pub mod params;
+pub mod scopes;
+pub mod server;
+pub mod socket;

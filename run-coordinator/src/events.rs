@@ -68,6 +68,9 @@ pub struct RunEvent {
     pub body: EventBody,
 }
 
+/// `subscribe_all` from this position delivers only events from now on.
+pub const LIVE_ONLY: u64 = u64::MAX;
+
 #[derive(Debug, Clone)]
 pub struct HubLimits {
     /// How long a finished run's log stays readable.
@@ -266,6 +269,12 @@ impl EventHub {
     ) -> Result<StreamSubscription, StreamReset> {
         self.check_epoch(epoch)?;
         let state = self.state.lock().unwrap();
+        if after_stream_seq == LIVE_ONLY {
+            return Ok(StreamSubscription {
+                hub: self.clone(),
+                cursor: state.next_stream_seq - 1,
+            });
+        }
         let first_kept = state
             .stream
             .front()

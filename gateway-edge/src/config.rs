@@ -1,0 +1,109 @@
+//! The edge's settings: flags with `EDGE_*` environment variables.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use clawgate_common::parse_duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// No secret. Refused unless the edge listens on loopback only.
+    None,
+    /// A shared token (`connect.params.auth.token`).
+    Token,
+    /// A shared password (`connect.params.auth.password`).
+    Password,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EdgeConfig {
+    /// Address the WebSocket (and /healthz, /readyz) server listens on.
+    #[arg(long, env = "EDGE_LISTEN", default_value = "127.0.0.1:18789")]
+    pub listen: SocketAddr,
+    /// The run coordinator's gRPC address.
+    #[arg(
+        long,
+        env = "EDGE_COORDINATOR_ADDRESS",
+        default_value = "http://127.0.0.1:50062"
+    )]
+    pub coordinator_address: String,
+    /// The session store's gRPC address.
+    #[arg(
+        long,
+        env = "EDGE_STORE_ADDRESS",
+        default_value = "http://127.0.0.1:50061"
+    )]
+    pub store_address: String,
+    /// How clients authenticate.
+    #[arg(long, env = "EDGE_AUTH_MODE", value_enum, default_value = "token")]
+    pub auth_mode: AuthMode,
+    /// The shared token (auth mode `token`).
+    #[arg(long, env = "EDGE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The shared password (auth mode `password`).
+    #[arg(long, env = "EDGE_PASSWORD", hide_env_values = true)]
+    pub password: Option<String>,
+    /// Time a socket has to complete `connect`.
+    #[arg(long, env = "EDGE_HANDSHAKE_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// Largest frame before the handshake, bytes.
+    #[arg(long, env = "EDGE_PREAUTH_MAX_BYTES", default_value_t = 64 * 1024)]
+    pub preauth_max_bytes: usize,
+    /// Unauthenticated sockets allowed per client IP.
+    #[arg(long, env = "EDGE_PREAUTH_PER_IP", default_value_t = 32)]
+    pub preauth_per_ip: usize,
+    /// Largest frame after the handshake, bytes (advertised as policy.maxPayload).
+    #[arg(long, env = "EDGE_MAX_PAYLOAD", default_value_t = 25 * 1024 * 1024)]
+    pub max_payload: usize,
+    /// Per-connection send buffer, bytes (advertised as policy.maxBufferedBytes).
+    #[arg(long, env = "EDGE_MAX_BUFFERED_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_buffered_bytes: usize,
+    /// Interval of `tick` events (advertised as policy.tickIntervalMs).
+    #[arg(long, env = "EDGE_TICK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub tick_interval: Duration,
+    /// Failed authentications per client IP per minute before refusing.
+    #[arg(long, env = "EDGE_AUTH_FAILURES_PER_MINUTE", default_value_t = 10)]
+    pub auth_failures_per_minute: u32,
+    /// Most open WebSocket connections.
+    #[arg(long, env = "EDGE_MAX_CONNECTIONS", default_value_t = 20_000)]
+    pub max_connections: usize,
+}
+
+impl EdgeConfig {
+    /// Refuses settings that would be unsafe to run with.
+    pub fn check(&self) -> anyhow::Result<()> {
+        match self.auth_mode {
+            AuthMode::None if !self.listen.ip().is_loopback() => {
+                anyhow::bail!("auth mode `none` is only allowed on a loopback listen address")
+            }
+            AuthMode::Token if self.token.as_deref().is_none_or(str::is_empty) => {
+                anyhow::bail!("auth mode `token` needs --token (EDGE_TOKEN)")
+            }
+            AuthMode::Password if self.password.as_deref().is_none_or(str::is_empty) => {
+                anyhow::bail!("auth mode `password` needs --password (EDGE_PASSWORD)")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A config for tests and embedding: token auth on loopback port 0.
+    pub fn for_tests(coordinator_address: String, store_address: String, token: &str) -> Self {
+        Self {
+            listen: "127.0.0.1:0".parse().expect("valid address"),
+            coordinator_address,
+            store_address,
+            auth_mode: AuthMode::Token,
+            token: Some(token.to_owned()),
+            password: None,
+            handshake_timeout: Duration::from_secs(15),
+            preauth_max_bytes: 64 * 1024,
+            preauth_per_ip: 32,
+            max_payload: 25 * 1024 * 1024,
+            max_buffered_bytes: 16 * 1024 * 1024,
+            tick_interval: Duration::from_secs(30),
+            auth_failures_per_minute: 10,
+            max_connections: 20_000,
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! An authenticated connection as the rest of the edge sees it: who it is,
+//! what it may do, and its outbox.
+//!
+//! The outbox is a queue with a byte budget (`policy.maxBufferedBytes`): the
+//! socket's writer drains it and gives the bytes back. A broadcast event takes
+//! the next per-connection `seq` whether or not it fits; a droppable one that
+//! does not fit is skipped (the client sees the gap), anything else that does
+//! not fit ends the connection with 1008 "slow consumer".
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::frames;
+use crate::scopes;
+
+/// Why the edge closes a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseOrder {
+    pub code: u16,
+    pub reason: String,
+}
+
+struct OutState {
+    seq: u64,
+    queued_bytes: usize,
+    close: Option<CloseOrder>,
+}
+
+pub struct Outbox {
+    tx: mpsc::UnboundedSender<String>,
+    state: Mutex<OutState>,
+    max_bytes: usize,
+    /// Fires when the connection must close (slow consumer, shutdown).
+    pub closing: CancellationToken,
+}
+
+/// What the writer side of a connection receives from its outbox.
+pub struct OutboxReader {
+    pub rx: mpsc::UnboundedReceiver<String>,
+}
+
+impl Outbox {
+    pub fn new(max_bytes: usize) -> (Self, OutboxReader) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let outbox = Self {
+            tx,
+            state: Mutex::new(OutState {
+                seq: 0,
+                queued_bytes: 0,
+                close: None,
+            }),
+            max_bytes,
+            closing: CancellationToken::new(),
+        };
+        (outbox, OutboxReader { rx })
+    }
+
+    fn push(&self, state: &mut OutState, frame: String, droppable: bool) -> bool {
+        if state.close.is_some() {
+            return false;
+        }
+        if state.queued_bytes + frame.len() > self.max_bytes {
+            if !droppable {
+                self.order_close(
+                    state,
+                    CloseOrder {
+                        code: 1008,
+                        reason: "slow consumer".into(),
+                    },
+                );
+            }
+            return false;
+        }
+        state.queued_bytes += frame.len();
+        self.tx.send(frame).is_ok()
+    }
+
+    fn order_close(&self, state: &mut OutState, order: CloseOrder) {
+        if state.close.is_none() {
+            state.close = Some(order);
+            self.closing.cancel();
+        }
+    }
+
+    /// A response frame (never dropped).
+    pub fn send_frame(&self, frame: String) -> bool {
+        let mut state = self.state.lock().unwrap();
+        self.push(&mut state, frame, false)
+    }
+
+    /// A broadcast event: takes the next `seq`, even when dropped.
+    pub fn broadcast(&self, name: &str, payload: &Value, droppable: bool) -> bool {
+        let mut state = self.state.lock().unwrap();
+        state.seq += 1;
+        let frame = frames::event(name, payload, Some(state.seq));
+        self.push(&mut state, frame, droppable)
+    }
+
+    /// A targeted event (no `seq`).
+    pub fn targeted(&self, name: &str, payload: &Value, droppable: bool) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let frame = frames::event(name, payload, None);
+        self.push(&mut state, frame, droppable)
+    }
+
+    /// The writer hands back the bytes of a frame it wrote.
+    pub fn written(&self, bytes: usize) {
+        let mut state = self.state.lock().unwrap();
+        state.queued_bytes = state.queued_bytes.saturating_sub(bytes);
+    }
+
+    pub fn close(&self, order: CloseOrder) {
+        let mut state = self.state.lock().unwrap();
+        self.order_close(&mut state, order);
+    }
+
+    pub fn close_order(&self) -> Option<CloseOrder> {
+        self.state.lock().unwrap().close.clone()
+    }
+
+    pub fn queued_bytes(&self) -> usize {
+        self.state.lock().unwrap().queued_bytes
+    }
+}
+
+pub struct Conn {
+    /// Edge-local id (registry key).
+    pub id: u64,
+    /// `hello-ok.server.connId`.
+    pub conn_id: String,
+    pub role: String,
+    pub scopes: Vec<String>,
+    pub tool_events: bool,
+    /// Who this connection acts as for ownership checks: its device id, or
+    /// its connId when it has no device.
+    pub requester: String,
+    pub outbox: Outbox,
+    pub sessions_subscribed: AtomicBool,
+    pub runs: Mutex<ConnRuns>,
+}
+
+/// Per-connection run bookkeeping for `runs.resume`: the last run seq the
+/// broadcast delivered here, and the runs that arrive through a resume
+/// stream instead (so that nothing arrives twice and nothing is skipped).
+#[derive(Default)]
+pub struct ConnRuns {
+    pub resuming: HashSet<String>,
+    pub delivered: HashMap<String, u64>,
+}
+
+impl Conn {
+    pub fn is_admin(&self) -> bool {
+        self.scopes.iter().any(|s| s == scopes::ADMIN)
+    }
+
+    pub fn can_read(&self) -> bool {
+        scopes::grants(&self.scopes, scopes::READ)
+    }
+
+    pub fn subscribed_to_sessions(&self) -> bool {
+        self.sessions_subscribed.load(Ordering::Relaxed)
+    }
+
+    /// Switches a run to its resume stream; returns the run seq the stream
+    /// must start after (what the client saw, or what was delivered here).
+    pub fn start_resume(&self, run_id: &str, client_seen: u64) -> u64 {
+        let mut runs = self.runs.lock().unwrap();
+        runs.resuming.insert(run_id.to_owned());
+        client_seen.max(runs.delivered.get(run_id).copied().unwrap_or(0))
+    }
+
+    pub fn end_resume(&self, run_id: &str) {
+        let mut runs = self.runs.lock().unwrap();
+        runs.resuming.remove(run_id);
+        runs.delivered.remove(run_id);
+    }
+}

@@ -1,0 +1,237 @@
+//! The state one edge process shares across its connections: config,
+//! backends, the connection registry, the pre-auth budget and the
+//! auth-failure limiter.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+use session_store::grpc::client::RemoteStore;
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::config::{AuthMode, EdgeConfig};
+use crate::conn::Conn;
+use crate::handshake::{ConnectParams, Rejection, auth_failure};
+
+/// The gRPC services behind the edge.
+#[derive(Clone)]
+pub struct Backends {
+    pub coordinator: RunCoordinatorClient<Channel>,
+    pub store: RemoteStore,
+}
+
+impl Backends {
+    /// Lazy channels: the edge starts even if its backends are not up yet.
+    pub fn connect_lazy(coordinator: &str, store: &str) -> anyhow::Result<Self> {
+        let channel = |address: &str| -> anyhow::Result<Channel> {
+            Ok(Endpoint::from_shared(address.to_owned())?
+                .tcp_nodelay(true)
+                .connect_timeout(Duration::from_secs(5))
+                .connect_lazy())
+        };
+        Ok(Self {
+            coordinator: RunCoordinatorClient::new(channel(coordinator)?)
+                .max_decoding_message_size(64 * 1024 * 1024),
+            store: RemoteStore::new(channel(store)?),
+        })
+    }
+}
+
+pub struct Edge {
+    pub config: EdgeConfig,
+    pub backends: Backends,
+    pub started: Instant,
+    pub version: &'static str,
+    next_conn: AtomicU64,
+    conns: RwLock<HashMap<u64, Arc<Conn>>>,
+    preauth: Mutex<HashMap<IpAddr, usize>>,
+    auth_failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    /// Fires on shutdown: every connection gets `shutdown` and closes 1012.
+    pub shutdown: CancellationToken,
+    pub device_tokens: crate::device::DeviceTokens,
+}
+
+/// Holds one unauthenticated-socket slot of an IP until dropped.
+pub struct PreauthSlot {
+    edge: Arc<Edge>,
+    ip: IpAddr,
+    released: bool,
+}
+
+impl PreauthSlot {
+    pub fn release(mut self) {
+        self.give_back();
+    }
+
+    fn give_back(&mut self) {
+        if !self.released {
+            self.released = true;
+            let mut preauth = self.edge.preauth.lock().unwrap();
+            if let Some(count) = preauth.get_mut(&self.ip) {
+                *count -= 1;
+                if *count == 0 {
+                    preauth.remove(&self.ip);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PreauthSlot {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    // Comparing digests keeps the time independent of where they differ
+    // and of the secret's length.
+    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+impl Edge {
+    pub fn new(config: EdgeConfig, backends: Backends) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            backends,
+            started: Instant::now(),
+            version: env!("CARGO_PKG_VERSION"),
+            next_conn: AtomicU64::new(1),
+            conns: RwLock::new(HashMap::new()),
+            preauth: Mutex::new(HashMap::new()),
+            auth_failures: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+            device_tokens: crate::device::DeviceTokens::random(),
+        })
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Takes an unauthenticated-socket slot for `ip`, or `None` over budget.
+    pub fn take_preauth_slot(self: &Arc<Self>, ip: IpAddr) -> Option<PreauthSlot> {
+        let mut preauth = self.preauth.lock().unwrap();
+        let count = preauth.entry(ip).or_default();
+        if *count >= self.config.preauth_per_ip {
+            return None;
+        }
+        *count += 1;
+        Some(PreauthSlot {
+            edge: self.clone(),
+            ip,
+            released: false,
+        })
+    }
+
+    pub fn register(&self, conn: Arc<Conn>) {
+        self.conns.write().unwrap().insert(conn.id, conn);
+    }
+
+    pub fn unregister(&self, id: u64) {
+        self.conns.write().unwrap().remove(&id);
+    }
+
+    pub fn connections(&self) -> Vec<Arc<Conn>> {
+        self.conns.read().unwrap().values().cloned().collect()
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.read().unwrap().len()
+    }
+
+    fn note_auth_failure(&self, ip: IpAddr) {
+        let mut failures = self.auth_failures.lock().unwrap();
+        let now = Instant::now();
+        let entry = failures.entry(ip).or_insert((now, 0));
+        if now.duration_since(entry.0) > Duration::from_secs(60) {
+            *entry = (now, 0);
+        }
+        entry.1 += 1;
+    }
+
+    fn rate_limited(&self, ip: IpAddr) -> bool {
+        let failures = self.auth_failures.lock().unwrap();
+        failures.get(&ip).is_some_and(|(since, count)| {
+            Instant::now().duration_since(*since) <= Duration::from_secs(60)
+                && *count >= self.config.auth_failures_per_minute
+        })
+    }
+
+    /// Shared-secret authentication. Returns the `hello-ok.auth.method`.
+    pub fn authenticate(
+        &self,
+        params: &ConnectParams,
+        ip: IpAddr,
+    ) -> Result<&'static str, Rejection> {
+        if self.rate_limited(ip) {
+            return Err(auth_failure(
+                "AUTH_RATE_LIMITED",
+                "rate_limited",
+                "unauthorized: too many failed authentication attempts (retry later)",
+                "wait_then_retry",
+            ));
+        }
+        let (expected, given, kind) = match self.config.auth_mode {
+            AuthMode::None => return Ok("none"),
+            AuthMode::Token => (
+                self.config.token.as_deref(),
+                params.auth_str("token"),
+                "token",
+            ),
+            AuthMode::Password => (
+                self.config.password.as_deref(),
+                params.auth_str("password"),
+                "password",
+            ),
+        };
+        let expected = expected.unwrap_or_default();
+        let outcome = match given {
+            None | Some("") => Err(auth_failure(
+                if kind == "token" {
+                    "AUTH_TOKEN_MISSING"
+                } else {
+                    "AUTH_PASSWORD_MISSING"
+                },
+                if kind == "token" {
+                    "token_missing"
+                } else {
+                    "password_missing"
+                },
+                &format!("unauthorized: gateway {kind} missing (provide gateway auth {kind})"),
+                "update_auth_configuration",
+            )),
+            Some(given) if constant_time_eq(given, expected) => Ok(kind),
+            Some(_) => Err(auth_failure(
+                if kind == "token" {
+                    "AUTH_TOKEN_MISMATCH"
+                } else {
+                    "AUTH_PASSWORD_MISMATCH"
+                },
+                if kind == "token" {
+                    "token_mismatch"
+                } else {
+                    "password_mismatch"
+                },
+                &format!(
+                    "unauthorized: gateway {kind} mismatch (use this gateway's gateway.auth.{kind} or pair the device)"
+                ),
+                "update_auth_credentials",
+            )),
+        };
+        if outcome.is_err() {
+            self.note_auth_failure(ip);
+        }
+        outcome
+    }
+}

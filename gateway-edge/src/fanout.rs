@@ -1,0 +1,303 @@
+//! Run events from the coordinator to the clients. Each edge holds ONE
+//! multiplexed `Subscribe(all)` stream (resumed from the last `stream_seq`
+//! after a coordinator restart or a broken stream) and turns every run event
+//! into the protocol's `agent` and `chat` events for its own connections.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use serde_json::{Value, json};
+
+use crate::conn::Conn;
+use crate::edge::Edge;
+use crate::frames::without_nulls;
+
+/// Events this edge emits (advertised in `hello-ok.features.events`).
+pub const SERVED_EVENTS: &[&str] = &[
+    "connect.challenge",
+    "agent",
+    "chat",
+    "sessions.changed",
+    "tick",
+    "health",
+    "shutdown",
+];
+
+/// A protocol event derived from a run event, and who may receive it.
+pub struct Outgoing {
+    pub name: &'static str,
+    pub payload: Value,
+    /// Dropped (with a seq gap) for a slow consumer rather than closing it.
+    pub droppable: bool,
+    /// Only to connections with the `tool-events` cap, targeted (no seq).
+    pub tool_stream: bool,
+    /// Only to `sessions.subscribe` subscribers, targeted (no seq).
+    pub sessions_only: bool,
+}
+
+/// What the translation remembers per run: the text so far (for `final`
+/// and `aborted` chat events) and when it started.
+#[derive(Default)]
+pub struct RunMemory {
+    runs: HashMap<String, (String, i64)>,
+}
+
+/// The name of a run status on the wire.
+pub fn status_name(raw: i32) -> &'static str {
+    use clawgate_proto::session_store::v1::RunStatus as S;
+    match S::try_from(raw).unwrap_or(S::Unspecified) {
+        S::Ok => "ok",
+        S::Error => "error",
+        S::Aborted => "aborted",
+        S::Timeout => "timeout",
+        S::Superseded => "superseded",
+        S::Lost => "lost",
+        S::Accepted => "accepted",
+        S::Queued => "queued",
+        S::Running => "running",
+        S::Unspecified => "unknown",
+    }
+}
+
+fn chat_message(text: &str, ts: i64) -> Value {
+    json!({ "role": "assistant", "content": [{ "type": "text", "text": text }], "timestamp": ts })
+}
+
+/// The protocol's stop reason for how a run ended.
+pub fn stop_reason_for(status: &str, stop_reason: Option<&str>) -> String {
+    match status {
+        // An abort by request is "rpc" on the wire.
+        "aborted" if stop_reason.is_none_or(|r| r == "aborted") => "rpc".into(),
+        "timeout" => "timeout".into(),
+        "superseded" => "superseded".into(),
+        _ => stop_reason.unwrap_or("stop").to_owned(),
+    }
+}
+
+impl RunMemory {
+    /// The protocol events for one run event.
+    pub fn translate(&mut self, event: &pb::RunEvent) -> Vec<Outgoing> {
+        use pb::run_event::Body;
+        let run_id = &event.run_id;
+        let session_key = &event.session_key;
+        let agent = |stream: &str, data: Value| {
+            json!({
+                "runId": run_id, "sessionKey": session_key, "agentId": "main",
+                "stream": stream, "data": data, "seq": event.seq, "ts": event.ts_ms,
+            })
+        };
+        let plain = |name, payload| Outgoing {
+            name,
+            payload,
+            droppable: false,
+            tool_stream: false,
+            sessions_only: false,
+        };
+        let mut out = Vec::new();
+        match &event.body {
+            Some(Body::Lifecycle(life)) if life.phase == pb::lifecycle::Phase::Start as i32 => {
+                self.runs
+                    .insert(run_id.clone(), (String::new(), event.ts_ms));
+                out.push(plain(
+                    "agent",
+                    agent(
+                        "lifecycle",
+                        json!({ "phase": "start", "startedAt": event.ts_ms }),
+                    ),
+                ));
+                out.push(Outgoing {
+                    sessions_only: true,
+                    droppable: true,
+                    ..plain("sessions.changed", json!({
+                        "sessionKey": session_key, "reason": "send", "phase": "start", "runId": run_id, "ts": event.ts_ms,
+                    }))
+                });
+            }
+            Some(Body::Lifecycle(life)) => {
+                let (text, started) = self.runs.remove(run_id).unwrap_or_default();
+                let status = status_name(life.status);
+                let stop_reason = stop_reason_for(status, life.stop_reason.as_deref());
+                let error = life.error.as_ref();
+                let ended = life.phase == pb::lifecycle::Phase::Error as i32;
+                let data = without_nulls(json!({
+                    "phase": if ended { "error" } else { "end" },
+                    "startedAt": (started > 0).then_some(started),
+                    "endedAt": event.ts_ms,
+                    "aborted": status == "aborted",
+                    "stopReason": stop_reason,
+                    "status": status,
+                    "error": error.map(|e| e.message.clone()),
+                }));
+                out.push(plain("agent", agent("lifecycle", data)));
+                let message = (!text.is_empty()).then(|| chat_message(&text, event.ts_ms));
+                let chat = match status {
+                    "ok" => json!({
+                        "runId": run_id, "sessionKey": session_key, "agentId": "main", "seq": event.seq,
+                        "state": "final", "stopReason": stop_reason, "message": message,
+                    }),
+                    "aborted" | "timeout" | "superseded" => json!({
+                        "runId": run_id, "sessionKey": session_key, "agentId": "main", "seq": event.seq,
+                        "state": "aborted", "stopReason": stop_reason, "message": message,
+                    }),
+                    _ => json!({
+                        "runId": run_id, "sessionKey": session_key, "agentId": "main", "seq": event.seq,
+                        "state": "error", "message": message,
+                        "errorMessage": error.map_or_else(|| format!("run {status}"), |e| e.message.clone()),
+                        "errorKind": error.map_or("unknown", |e| e.kind.as_str()),
+                    }),
+                };
+                out.push(plain("chat", without_nulls(chat)));
+                out.push(Outgoing {
+                    sessions_only: true,
+                    droppable: true,
+                    ..plain("sessions.changed", json!({
+                        "sessionKey": session_key, "reason": "send", "phase": "end", "runId": run_id, "ts": event.ts_ms,
+                    }))
+                });
+            }
+            Some(Body::Assistant(assistant)) => {
+                let entry = self.runs.entry(run_id.clone()).or_default();
+                entry.0 = assistant.text.clone();
+                out.push(plain(
+                    "agent",
+                    agent(
+                        "assistant",
+                        json!({ "text": assistant.text, "delta": assistant.delta }),
+                    ),
+                ));
+                out.push(Outgoing {
+                    droppable: true,
+                    ..plain("chat", json!({
+                        "runId": run_id, "sessionKey": session_key, "agentId": "main", "seq": event.seq,
+                        "state": "delta", "deltaText": assistant.delta,
+                        "message": chat_message(&assistant.text, event.ts_ms),
+                    }))
+                });
+            }
+            Some(Body::Tool(tool)) => {
+                let phase = match pb::tool::Phase::try_from(tool.phase) {
+                    Ok(pb::tool::Phase::Start) => "start",
+                    Ok(pb::tool::Phase::Update) => "update",
+                    _ => "result",
+                };
+                let data_key = match phase {
+                    "start" => "args",
+                    "update" => "partialResult",
+                    _ => "result",
+                };
+                let mut data = json!({ "phase": phase, "toolCallId": tool.tool_call_id, "isError": tool.is_error });
+                if !tool.name.is_empty() {
+                    data["name"] = json!(tool.name);
+                }
+                data[data_key] =
+                    serde_json::from_str(&tool.data_json).unwrap_or_else(|_| json!(tool.data_json));
+                out.push(Outgoing {
+                    tool_stream: true,
+                    ..plain("agent", agent("tool", data))
+                });
+            }
+            Some(Body::Status(_)) | None => {}
+        }
+        out
+    }
+}
+
+/// Delivers the protocol events of one run event to one connection, by the
+/// v4 rules: run events need `operator.read`; tool events only with the
+/// `tool-events` cap; `sessions.changed` only to subscribers; a run the
+/// connection resumes comes through its resume stream instead.
+pub fn deliver(conn: &Conn, run_seq: u64, run_id: &str, outgoing: &[Outgoing], run_ended: bool) {
+    if !conn.can_read() {
+        return;
+    }
+    {
+        let mut runs = conn.runs.lock().unwrap();
+        if runs.resuming.contains(run_id) {
+            return;
+        }
+        if run_ended {
+            runs.delivered.remove(run_id);
+        } else {
+            runs.delivered.insert(run_id.to_owned(), run_seq);
+        }
+    }
+    deliver_unfiltered(conn, outgoing);
+}
+
+/// Sends protocol events to a connection (for the resume stream, which
+/// bypasses the resuming filter).
+pub fn deliver_unfiltered(conn: &Conn, outgoing: &[Outgoing]) {
+    for item in outgoing {
+        if item.tool_stream {
+            if conn.tool_events {
+                conn.outbox
+                    .targeted(item.name, &item.payload, item.droppable);
+            }
+        } else if item.sessions_only {
+            if conn.subscribed_to_sessions() {
+                conn.outbox
+                    .targeted(item.name, &item.payload, item.droppable);
+            }
+        } else {
+            conn.outbox
+                .broadcast(item.name, &item.payload, item.droppable);
+        }
+    }
+}
+
+/// Whether a run event ends its run.
+pub fn ends_run(event: &pb::RunEvent) -> bool {
+    matches!(&event.body, Some(pb::run_event::Body::Lifecycle(l)) if l.phase != pb::lifecycle::Phase::Start as i32)
+}
+
+/// Follows the coordinator's event stream forever, reconnecting with backoff.
+pub async fn run(edge: Arc<Edge>) {
+    let mut memory = RunMemory::default();
+    // Live only at first: clients replay older events with `runs.resume`.
+    let mut position: Option<(String, u64)> = None;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let (epoch, from_seq) = position.clone().unwrap_or((String::new(), u64::MAX));
+        let request = pb::SubscribeRequest {
+            filter: Some(pb::subscribe_request::Filter::All(true)),
+            from_seq,
+            epoch,
+        };
+        let mut client = edge.backends.coordinator.clone();
+        match client.subscribe(request).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(pb::SubscribeResponse {
+                            item: Some(pb::subscribe_response::Item::Event(event)),
+                        })) => {
+                            backoff = Duration::from_millis(100);
+                            position = Some((event.epoch.clone(), event.stream_seq));
+                            let outgoing = memory.translate(&event);
+                            let ended = ends_run(&event);
+                            for conn in edge.connections() {
+                                deliver(&conn, event.seq, &event.run_id, &outgoing, ended);
+                            }
+                        }
+                        Ok(Some(pb::SubscribeResponse {
+                            item: Some(pb::subscribe_response::Item::Reset(reset)),
+                        })) => {
+                            tracing::warn!(reason = %reset.reason, epoch = %reset.epoch, "coordinator event stream reset; following live");
+                            position = None;
+                            memory = RunMemory::default();
+                            break;
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            }
+            Err(status) => tracing::debug!(error = %status, "coordinator event stream unavailable"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}

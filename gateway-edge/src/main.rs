@@ -1,0 +1,25 @@
+//! The `gateway-edge` binary: flags/env → `serve` until SIGTERM or ctrl-c.
+
+use clap::Parser;
+use gateway_edge::config::EdgeConfig;
+use tokio::net::TcpListener;
+
+#[derive(Parser)]
+#[command(
+    name = "gateway-edge",
+    version,
+    about = "OpenClaw gateway protocol v4 over WebSocket, in front of the run coordinator and the session store."
+)]
+struct Cli {
+    #[command(flatten)]
+    config: EdgeConfig,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    clawgate_common::init_logging();
+    let config = Cli::parse().config;
+    config.check()?;
+    let listener = TcpListener::bind(config.listen).await?;
+    gateway_edge::server::serve(config, listener, clawgate_common::shutdown_signal()).await
+}

@@ -1,0 +1,823 @@
+//! Request dispatch and the served methods. Each request runs in its own
+//! task, so answers leave in the order they finish; every method is a call
+//! to the coordinator or the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use serde_json::{Value, json};
+use session_store::model::{HistoryCursor, HistoryQuery, ListQuery};
+use session_store::store::now_ms;
+use session_store::{SessionKey, SessionStore};
+
+use crate::conn::Conn;
+use crate::edge::Edge;
+use crate::fanout::{self, RunMemory, status_name, stop_reason_for};
+use crate::frames::{self, ErrorShape, FrameError, Request, parse_request};
+use crate::params::Params;
+use crate::scopes::authorize;
+
+/// Methods this edge serves (advertised in `hello-ok.features.methods`).
+pub const SERVED_METHODS: &[&str] = &[
+    "health",
+    "status",
+    "agents.list",
+    "agent",
+    "agent.wait",
+    "chat.send",
+    "chat.abort",
+    "chat.history",
+    "sessions.list",
+    "sessions.reset",
+    "sessions.delete",
+    "sessions.subscribe",
+    "sessions.unsubscribe",
+    "runs.resume",
+];
+
+/// A method's answer: ok with a payload, or an error (with a payload for
+/// the few methods that send both).
+type Answer = Result<Value, (ErrorShape, Option<Value>)>;
+
+fn fail(error: ErrorShape) -> (ErrorShape, Option<Value>) {
+    (error, None)
+}
+
+/// Reads one text frame of an authenticated connection.
+pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
+    let request = match parse_request(text) {
+        Ok(request) => request,
+        // Unparsable JSON after the handshake is ignored.
+        Err(FrameError::NotJson) => return,
+        Err(FrameError::Invalid { id, reason }) => {
+            let error = ErrorShape::invalid(format!("invalid request frame: {reason}"));
+            conn.outbox.send_frame(frames::error_response(
+                id.as_deref().unwrap_or("invalid"),
+                &error,
+                None,
+            ));
+            return;
+        }
+    };
+    if let Err(error) = authorize(&request.method, &conn.role, &conn.scopes) {
+        conn.outbox
+            .send_frame(frames::error_response(&request.id, &error, None));
+        return;
+    }
+    if request.method == "connect" {
+        let error = ErrorShape::invalid("connect is only valid as the first request");
+        conn.outbox
+            .send_frame(frames::error_response(&request.id, &error, None));
+        return;
+    }
+    if !SERVED_METHODS.contains(&request.method.as_str()) {
+        let error = ErrorShape::invalid(format!("unknown method: {}", request.method));
+        conn.outbox
+            .send_frame(frames::error_response(&request.id, &error, None));
+        return;
+    }
+    let (edge, conn) = (edge.clone(), conn.clone());
+    tokio::spawn(async move {
+        let answer = handle(&edge, &conn, &request).await;
+        reply(&conn, &request.id, answer);
+    });
+}
+
+fn reply(conn: &Conn, id: &str, answer: Answer) {
+    let frame = match answer {
+        Ok(payload) => frames::ok_response(id, payload),
+        Err((error, payload)) => frames::error_response(id, &error, payload),
+    };
+    conn.outbox.send_frame(frame);
+}
+
+async fn handle(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer {
+    let params = &request.params;
+    match request.method.as_str() {
+        "health" => health(edge).await,
+        "status" => status(edge).await,
+        "agents.list" => Ok(json!({
+            "defaultId": "main", "mainKey": "main", "scope": "per-sender",
+            "agents": [{ "id": "main", "name": "main" }],
+        })),
+        "agent" => agent(edge, conn, request).await,
+        "agent.wait" => agent_wait(edge, params).await,
+        "chat.send" => chat_send(edge, conn, params).await,
+        "chat.abort" => chat_abort(edge, conn, params).await,
+        "chat.history" => chat_history(edge, params).await,
+        "sessions.list" => sessions_list(edge, params).await,
+        "sessions.reset" => sessions_reset(edge, params).await,
+        "sessions.delete" => sessions_delete(edge, params).await,
+        "sessions.subscribe" | "sessions.unsubscribe" => {
+            let on = request.method == "sessions.subscribe";
+            conn.sessions_subscribed
+                .store(on, std::sync::atomic::Ordering::Relaxed);
+            Ok(json!({ "subscribed": on }))
+        }
+        "runs.resume" => runs_resume(edge, conn, params).await,
+        other => Err(fail(ErrorShape::invalid(format!(
+            "unknown method: {other}"
+        )))),
+    }
+}
+
+/// A backend failure in the protocol's words.
+fn backend_error(status: tonic::Status) -> (ErrorShape, Option<Value>) {
+    use tonic::Code;
+    let detail = clawgate_proto::status_detail::detail_of::<pb::CoordinatorErrorDetail>(
+        &status,
+        "type.googleapis.com/clawgate.run_coordinator.v1.CoordinatorErrorDetail",
+    );
+    let code = detail.as_ref().map(|d| d.code);
+    let error = match status.code() {
+        _ if code == Some(pb::ErrorCode::KeyReused as i32) => {
+            ErrorShape::invalid("idempotencyKey was already used with a different request")
+                .with_details(json!({
+                    "code": "IDEMPOTENCY_KEY_REUSED",
+                    "runId": detail.and_then(|d| d.run).map(|r| r.run_id),
+                }))
+        }
+        Code::InvalidArgument => ErrorShape::invalid(status.message()),
+        Code::FailedPrecondition => ErrorShape::unavailable(status.message()),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+            ErrorShape::unavailable(status.message()).retry_after(500)
+        }
+        _ => ErrorShape::unavailable(status.message()),
+    };
+    (error, None)
+}
+
+fn store_error(err: session_store::StoreError) -> (ErrorShape, Option<Value>) {
+    let error = match err {
+        session_store::StoreError::InvalidArgument(message) => ErrorShape::invalid(message),
+        other => ErrorShape::unavailable(other.to_string()).retry_after(500),
+    };
+    (error, None)
+}
+
+fn key_for(method: &str, raw: &str) -> Result<SessionKey, (ErrorShape, Option<Value>)> {
+    SessionKey::parse(raw)
+        .map_err(|e| fail(ErrorShape::invalid(format!("invalid {method} params: {e}"))))
+}
+
+async fn health(edge: &Arc<Edge>) -> Answer {
+    let started = now_ms();
+    let sessions = edge
+        .backends
+        .store
+        .list_sessions(ListQuery {
+            limit: 5,
+            ..ListQuery::default()
+        })
+        .await
+        .map_err(|e| fail(ErrorShape::unavailable(e.to_string())))?;
+    let recent: Vec<Value> = sessions
+        .iter()
+        .map(|s| json!({ "key": s.key.as_str(), "updatedAt": s.updated_at_ms, "age": now_ms() - s.updated_at_ms }))
+        .collect();
+    Ok(json!({
+        "ok": true, "ts": now_ms(), "durationMs": now_ms() - started,
+        "channels": {}, "channelOrder": [], "channelLabels": {},
+        "heartbeatSeconds": 0, "defaultAgentId": "main",
+        "agents": [{ "agentId": "main", "isDefault": true }],
+        "sessions": { "path": "session-store", "count": recent.len(), "recent": recent },
+    }))
+}
+
+async fn status(edge: &Arc<Edge>) -> Answer {
+    let sessions = edge
+        .backends
+        .store
+        .list_sessions(ListQuery {
+            limit: 10,
+            ..ListQuery::default()
+        })
+        .await
+        .map_err(store_error)?;
+    let recent: Vec<Value> = sessions
+        .iter()
+        .map(|s| json!({ "key": s.key.as_str(), "updatedAt": s.updated_at_ms, "sessionId": s.session_id.to_string() }))
+        .collect();
+    Ok(json!({
+        "runtimeVersion": edge.version,
+        "heartbeat": { "defaultAgentId": "main", "agents": [] },
+        "channelSummary": [],
+        "queuedSystemEvents": [],
+        "sessions": {
+            "paths": [], "count": recent.len(),
+            "defaults": { "model": null, "contextTokens": null },
+            "recent": recent, "byAgent": [],
+        },
+    }))
+}
+
+/// The terminal snapshot of a run, waiting as long as it takes (the caller
+/// is an `agent` request waiting for its final response).
+async fn until_terminal(edge: &Arc<Edge>, conn: &Conn, run_id: &str) -> Option<pb::RunSnapshot> {
+    let mut coordinator = edge.backends.coordinator.clone();
+    loop {
+        let wait = coordinator.wait(pb::WaitRequest {
+            run_id: run_id.to_owned(),
+            timeout_ms: 60_000,
+        });
+        let waited = tokio::select! {
+            waited = wait => waited,
+            () = conn.outbox.closing.cancelled() => return None,
+        };
+        match waited {
+            Ok(done) if done.get_ref().terminal => return done.into_inner().snapshot,
+            Ok(_) => {}
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+fn agent_final(snapshot: &pb::RunSnapshot) -> Answer {
+    let status = status_name(snapshot.status);
+    let stop_reason = stop_reason_for(status, snapshot.stop_reason.as_deref());
+    match status {
+        "ok" => Ok(json!({
+            "runId": snapshot.run_id, "status": "ok", "summary": "completed",
+            "result": {
+                "payloads": [{ "text": snapshot.text }],
+                "meta": frames::without_nulls(json!({
+                    "durationMs": snapshot.ended_at_ms.zip(snapshot.started_at_ms).map(|(e, s)| e - s),
+                    "stopReason": stop_reason,
+                    "agentMeta": { "sessionId": snapshot.session_id, "sessionKey": snapshot.session_key },
+                })),
+            },
+        })),
+        "aborted" | "timeout" | "superseded" => Ok(json!({
+            "runId": snapshot.run_id, "status": "timeout",
+            "summary": if status == "aborted" { "aborted" } else { status },
+            "stopReason": stop_reason,
+        })),
+        _ => {
+            let message = snapshot
+                .error
+                .as_ref()
+                .map_or_else(|| format!("run {status}"), |e| e.message.clone());
+            Err((
+                ErrorShape::unavailable(message.clone()),
+                Some(json!({ "runId": snapshot.run_id, "status": "error", "summary": message })),
+            ))
+        }
+    }
+}
+
+const AGENT_KEYS: &[&str] = &[
+    "message",
+    "idempotencyKey",
+    "agentId",
+    "sessionKey",
+    "sessionId",
+    "provider",
+    "model",
+    "to",
+    "replyTo",
+    "channel",
+    "replyChannel",
+    "accountId",
+    "replyAccountId",
+    "threadId",
+    "groupId",
+    "groupChannel",
+    "groupSpace",
+    "thinking",
+    "deliver",
+    "bestEffortDeliver",
+    "attachments",
+    "timeout",
+    "lane",
+    "extraSystemPrompt",
+    "bootstrapContextMode",
+    "bootstrapContextRunKind",
+    "internalEvents",
+    "inputProvenance",
+    "label",
+];
+
+async fn agent(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer {
+    let p = Params::new("agent", &request.params, AGENT_KEYS).map_err(fail)?;
+    let message = p.required_non_empty("message").map_err(fail)?;
+    let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
+    if let Some(agent_id) = p.optional_non_empty("agentId").map_err(fail)?
+        && agent_id != "main"
+    {
+        return Err(fail(
+            ErrorShape::invalid(format!("unknown agent id: {agent_id}"))
+                .with_details(json!({ "code": "UNKNOWN_AGENT_ID", "agentId": agent_id })),
+        ));
+    }
+    if (p.string("provider").map_err(fail)?.is_some() || p.string("model").map_err(fail)?.is_some())
+        && !conn.is_admin()
+    {
+        return Err(fail(ErrorShape::invalid(
+            "provider/model overrides are not authorized for this caller.",
+        )));
+    }
+    let session = match p.optional_non_empty("sessionKey").map_err(fail)? {
+        Some(raw) => key_for("agent", raw)?,
+        None if p.string("agentId").map_err(fail)?.is_some() => key_for("agent", "main")?,
+        None => key_for("agent", &format!("agent:main:explicit:{key}"))?,
+    };
+    let timeout_ms = p
+        .integer("timeout", 0, 48 * 3600)
+        .map_err(fail)?
+        .map_or(0, |s| s * 1000);
+    let submit = pb::SubmitRequest {
+        run_id: key.to_owned(),
+        session_key: session.as_str().to_owned(),
+        kind: "agent".into(),
+        message: message.to_owned(),
+        queue_mode: pb::QueueMode::Enqueue as i32,
+        timeout_ms,
+        options_json: String::new(),
+        requester: conn.requester.clone(),
+        label: p.string("label").map_err(fail)?.map(str::to_owned),
+    };
+    let mut coordinator = edge.backends.coordinator.clone();
+    let done = coordinator
+        .submit(submit)
+        .await
+        .map_err(backend_error)?
+        .into_inner();
+    let snapshot = done.snapshot.unwrap_or_default();
+    if done.admission == pb::Admission::Completed as i32 {
+        return agent_final(&snapshot);
+    }
+    // First response: accepted. The final one follows on the same id.
+    conn.outbox.send_frame(frames::ok_response(
+        &request.id,
+        json!({
+            "runId": key, "sessionKey": session.as_str(), "agentId": "main",
+            "status": "accepted", "acceptedAt": done.accepted_at_ms,
+        }),
+    ));
+    match until_terminal(edge, conn, key).await {
+        Some(done) => agent_final(&done),
+        // The connection went away; the run goes on without it.
+        None => Ok(Value::Null),
+    }
+}
+
+async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("agent.wait", params, &["runId", "timeoutMs"]).map_err(fail)?;
+    let run_id = p.required_non_empty("runId").map_err(fail)?;
+    let timeout_ms = p
+        .integer("timeoutMs", 0, 24 * 3600 * 1000)
+        .map_err(fail)?
+        .unwrap_or(30_000);
+    let mut coordinator = edge.backends.coordinator.clone();
+    let waited = coordinator
+        .wait(pb::WaitRequest {
+            run_id: run_id.to_owned(),
+            timeout_ms: timeout_ms.max(1),
+        })
+        .await
+        .map_err(backend_error)?
+        .into_inner();
+    let Some(snapshot) = waited.snapshot.filter(|_| waited.terminal) else {
+        return Ok(json!({ "runId": run_id, "status": "timeout" }));
+    };
+    let status = status_name(snapshot.status);
+    let stop_reason = stop_reason_for(status, snapshot.stop_reason.as_deref());
+    Ok(frames::without_nulls(match status {
+        "ok" => json!({
+            "runId": run_id, "status": "ok", "startedAt": snapshot.started_at_ms,
+            "endedAt": snapshot.ended_at_ms, "stopReason": stop_reason,
+        }),
+        "timeout" => json!({
+            "runId": run_id, "status": "timeout", "startedAt": snapshot.started_at_ms,
+            "endedAt": snapshot.ended_at_ms, "stopReason": stop_reason,
+        }),
+        "aborted" => json!({
+            "runId": run_id, "status": "error", "endedAt": snapshot.ended_at_ms,
+            "error": "aborted", "stopReason": stop_reason,
+        }),
+        _ => json!({
+            "runId": run_id, "status": "error", "startedAt": snapshot.started_at_ms,
+            "endedAt": snapshot.ended_at_ms,
+            "error": snapshot.error.as_ref().map_or_else(|| status.to_owned(), |e| e.message.clone()),
+            "stopReason": stop_reason,
+        }),
+    }))
+}
+
+const CHAT_SEND_KEYS: &[&str] = &[
+    "sessionKey",
+    "message",
+    "idempotencyKey",
+    "thinking",
+    "deliver",
+    "originatingChannel",
+    "originatingTo",
+    "originatingAccountId",
+    "originatingThreadId",
+    "attachments",
+    "timeoutMs",
+    "systemInputProvenance",
+    "systemProvenanceReceipt",
+    "agentId",
+    "sessionId",
+    "fastMode",
+    "fastAutoOnSeconds",
+    "queueMode",
+    "replyToId",
+    "toolBindings",
+    "suppressCommandInterpretation",
+    "expectedLeafEntryId",
+    "expectedSessionRoutingContract",
+];
+
+async fn chat_send(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+    let p = Params::new("chat.send", params, CHAT_SEND_KEYS).map_err(fail)?;
+    let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
+    let message = p.required_string("message").map_err(fail)?;
+    let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
+    if message.contains('\0') {
+        return Err(fail(ErrorShape::invalid(
+            "message must not contain null bytes",
+        )));
+    }
+    if message.trim().is_empty() {
+        return Err(fail(ErrorShape::invalid("message or attachment required")));
+    }
+    let session = key_for("chat.send", raw_key)?;
+    let queue_mode = match p.string("queueMode").map_err(fail)? {
+        Some("interrupt") => pb::QueueMode::Interrupt,
+        _ => pb::QueueMode::Enqueue,
+    };
+    let timeout_ms = p
+        .integer("timeoutMs", 0, 48 * 3600 * 1000)
+        .map_err(fail)?
+        .unwrap_or(0);
+    let mut coordinator = edge.backends.coordinator.clone();
+    let done = coordinator
+        .submit(pb::SubmitRequest {
+            run_id: key.to_owned(),
+            session_key: session.as_str().to_owned(),
+            kind: "chat".into(),
+            message: message.to_owned(),
+            queue_mode: queue_mode as i32,
+            timeout_ms,
+            options_json: String::new(),
+            requester: conn.requester.clone(),
+            label: None,
+        })
+        .await
+        .map_err(backend_error)?
+        .into_inner();
+    let snapshot = done.snapshot.unwrap_or_default();
+    match pb::Admission::try_from(done.admission) {
+        Ok(pb::Admission::Accepted) => Ok(json!({ "runId": key, "status": "started" })),
+        Ok(pb::Admission::InFlight) => Ok(json!({ "runId": key, "status": "in_flight" })),
+        _ => match status_name(snapshot.status) {
+            "ok" => Ok(json!({ "runId": key, "status": "ok" })),
+            other => {
+                let summary = snapshot
+                    .error
+                    .as_ref()
+                    .map_or_else(|| format!("run {other}"), |e| e.message.clone());
+                Err((
+                    ErrorShape::unavailable(summary.clone()),
+                    Some(json!({ "runId": key, "status": "error", "summary": summary })),
+                ))
+            }
+        },
+    }
+}
+
+fn owns(conn: &Conn, snapshot: &pb::RunSnapshot) -> bool {
+    conn.is_admin() || snapshot.requester.is_empty() || snapshot.requester == conn.requester
+}
+
+fn is_active(snapshot: &pb::RunSnapshot) -> bool {
+    matches!(
+        status_name(snapshot.status),
+        "accepted" | "queued" | "running"
+    )
+}
+
+async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+    let p = Params::new(
+        "chat.abort",
+        params,
+        &[
+            "sessionKey",
+            "runId",
+            "agentId",
+            "preserveSideRuns",
+            "exemptRunId",
+        ],
+    )
+    .map_err(fail)?;
+    let session = key_for(
+        "chat.abort",
+        p.required_non_empty("sessionKey").map_err(fail)?,
+    )?;
+    let run_id = p.optional_non_empty("runId").map_err(fail)?;
+    let mut coordinator = edge.backends.coordinator.clone();
+    let candidates: Vec<pb::RunSnapshot> = match run_id {
+        Some(run_id) => {
+            let got = coordinator
+                .get(pb::GetRequest {
+                    run_id: run_id.to_owned(),
+                })
+                .await
+                .map_err(backend_error)?
+                .into_inner()
+                .snapshot;
+            match got.filter(is_active) {
+                None => return Ok(json!({ "ok": true, "aborted": false, "runIds": [] })),
+                Some(run) if run.session_key != session.as_str() => {
+                    return Err(fail(ErrorShape::invalid("runId does not match sessionKey")));
+                }
+                Some(run) => vec![run],
+            }
+        }
+        None => {
+            coordinator
+                .list_active(pb::ListActiveRequest {
+                    session_key: Some(session.as_str().to_owned()),
+                })
+                .await
+                .map_err(backend_error)?
+                .into_inner()
+                .runs
+        }
+    };
+    let mine: Vec<&pb::RunSnapshot> = candidates.iter().filter(|r| owns(conn, r)).collect();
+    if mine.is_empty() && !candidates.is_empty() {
+        return Err(fail(ErrorShape::invalid("unauthorized")));
+    }
+    let mut aborted = Vec::new();
+    for run in mine {
+        let cancelled = coordinator
+            .cancel(pb::CancelRequest {
+                target: Some(pb::cancel_request::Target::RunId(run.run_id.clone())),
+                requester: conn.requester.clone(),
+            })
+            .await
+            .map_err(backend_error)?
+            .into_inner();
+        if cancelled
+            .runs
+            .iter()
+            .any(|r| status_name(r.status) == "aborted")
+        {
+            aborted.push(run.run_id.clone());
+        }
+    }
+    Ok(json!({ "ok": true, "aborted": !aborted.is_empty(), "runIds": aborted }))
+}
+
+const HISTORY_KEYS: &[&str] = &[
+    "sessionKey",
+    "limit",
+    "maxChars",
+    "agentId",
+    "offset",
+    "messageId",
+    "sessionId",
+    "cursor",
+];
+
+async fn chat_history(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("chat.history", params, HISTORY_KEYS).map_err(fail)?;
+    let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
+    let key = key_for("chat.history", raw_key)?;
+    let limit = p.integer("limit", 1, 1000).map_err(fail)?.unwrap_or(200) as u32;
+    let max_chars = p
+        .integer("maxChars", 1, 500_000)
+        .map_err(fail)?
+        .map(|n| n as u32);
+    let session_id = match p.optional_non_empty("sessionId").map_err(fail)? {
+        Some(id) => Some(id.parse().map_err(|_| {
+            fail(ErrorShape::invalid(
+                "invalid chat.history params: /sessionId must be a UUID",
+            ))
+        })?),
+        None => None,
+    };
+    let page = edge
+        .backends
+        .store
+        .history(HistoryQuery {
+            key,
+            limit,
+            cursor: HistoryCursor::Latest,
+            max_chars,
+            session_id,
+        })
+        .await
+        .map_err(store_error)?;
+    let id = page.session_id.map(|id| id.to_string());
+    let messages: Vec<Value> = page
+        .entries
+        .iter()
+        .map(|e| {
+            let content: Value = serde_json::from_str(&e.content_json).unwrap_or_else(|_| json!(e.content_json));
+            let usage = e.metadata.usage_json.as_deref().and_then(|u| serde_json::from_str::<Value>(u).ok());
+            frames::without_nulls(json!({
+                "role": e.role, "content": content, "timestamp": e.timestamp_ms,
+                "stopReason": e.metadata.stop_reason, "usage": usage,
+                "aborted": e.metadata.aborted.then_some(true),
+                "__openclaw": { "id": format!("{}:{}", id.as_deref().unwrap_or(""), e.seq), "seq": e.seq, "runId": e.run_id },
+            }))
+        })
+        .collect();
+    Ok(frames::without_nulls(json!({
+        "sessionKey": raw_key, "sessionId": id, "messages": messages,
+        "hasMore": page.has_more, "totalMessages": page.total,
+    })))
+}
+
+fn session_row(s: &session_store::model::Session) -> Value {
+    use session_store::model::RunStatus as S;
+    let status = s.last_run_status.map(|status| match status {
+        S::Accepted | S::Queued | S::Running => "running",
+        S::Ok => "done",
+        S::Error | S::Lost => "failed",
+        S::Aborted | S::Superseded => "killed",
+        S::Timeout => "timeout",
+    });
+    frames::without_nulls(json!({
+        "key": s.key.as_str(),
+        "kind": if s.key.as_str() == "global" { "global" } else { "direct" },
+        "updatedAt": s.updated_at_ms,
+        "sessionId": s.session_id.to_string(),
+        "label": s.label,
+        "status": status,
+        "hasActiveRun": s.active_writer_run_id.is_some(),
+    }))
+}
+
+const SESSIONS_LIST_KEYS: &[&str] = &[
+    "limit",
+    "activeMinutes",
+    "includeGlobal",
+    "includeUnknown",
+    "includeDerivedTitles",
+    "includeLastMessage",
+    "label",
+    "spawnedBy",
+    "agentId",
+    "search",
+];
+
+async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("sessions.list", params, SESSIONS_LIST_KEYS).map_err(fail)?;
+    let limit = p.integer("limit", 1, 1000).map_err(fail)?.unwrap_or(100) as u32;
+    let active_minutes = p.integer("activeMinutes", 1, 10_000_000).map_err(fail)?;
+    let search = p
+        .string("search")
+        .map_err(fail)?
+        .or(p.string("label").map_err(fail)?);
+    let sessions = edge
+        .backends
+        .store
+        .list_sessions(ListQuery {
+            limit,
+            updated_since_ms: active_minutes.map(|m| now_ms() - m as i64 * 60_000),
+            search: search.map(str::to_owned),
+        })
+        .await
+        .map_err(store_error)?;
+    let rows: Vec<Value> = sessions.iter().map(session_row).collect();
+    // `defaults` members are nullable in the schema, so nulls stay here.
+    Ok(json!({
+        "ts": now_ms(), "path": "session-store", "count": rows.len(),
+        "defaults": { "modelProvider": null, "model": null, "contextTokens": null },
+        "sessions": rows,
+    }))
+}
+
+fn notify_sessions_changed(edge: &Arc<Edge>, key: &str, reason: &str) {
+    let payload = json!({ "sessionKey": key, "reason": reason, "ts": now_ms() });
+    for conn in edge.connections() {
+        if conn.subscribed_to_sessions() && conn.can_read() {
+            conn.outbox.targeted("sessions.changed", &payload, true);
+        }
+    }
+}
+
+async fn sessions_reset(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("sessions.reset", params, &["key", "reason"]).map_err(fail)?;
+    let key = key_for("sessions.reset", p.required_non_empty("key").map_err(fail)?)?;
+    let reason = match p.string("reason").map_err(fail)? {
+        None | Some("reset") => "reset",
+        Some("new") => "new",
+        Some(_) => {
+            return Err(fail(
+                p.error("/reason must be equal to one of the allowed values"),
+            ));
+        }
+    };
+    let out = edge
+        .backends
+        .store
+        .reset_session(&key)
+        .await
+        .map_err(store_error)?;
+    notify_sessions_changed(edge, key.as_str(), reason);
+    Ok(json!({ "ok": true, "key": key.as_str(), "entry": session_row(&out.session) }))
+}
+
+async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new(
+        "sessions.delete",
+        params,
+        &["key", "deleteTranscript", "emitLifecycleHooks"],
+    )
+    .map_err(fail)?;
+    let key = key_for(
+        "sessions.delete",
+        p.required_non_empty("key").map_err(fail)?,
+    )?;
+    if key.as_str() == "agent:main:main" {
+        return Err(fail(ErrorShape::invalid(
+            "Cannot delete the main session (main).",
+        )));
+    }
+    let delete_transcript = p.boolean("deleteTranscript").map_err(fail)?.unwrap_or(true);
+    let out = edge
+        .backends
+        .store
+        .delete_session(&key, delete_transcript)
+        .await
+        .map_err(store_error)?;
+    if out.deleted {
+        notify_sessions_changed(edge, key.as_str(), "delete");
+    }
+    Ok(json!({ "ok": true, "key": key.as_str(), "deleted": out.deleted, "archived": [] }))
+}
+
+/// `runs.resume {runId, fromSeq}`: this edge's extension (see
+/// docs/protocol-extensions.md). Replays the run's events after `fromSeq`
+/// to this connection, then follows it live until it ends; meanwhile the
+/// broadcast skips that run for this connection, so nothing arrives twice.
+async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+    let p = Params::new("runs.resume", params, &["runId", "fromSeq", "epoch"]).map_err(fail)?;
+    let run_id = p.required_non_empty("runId").map_err(fail)?.to_owned();
+    let from_seq = p
+        .integer("fromSeq", 0, u64::MAX >> 1)
+        .map_err(fail)?
+        .unwrap_or(0);
+    let epoch = p
+        .string("epoch")
+        .map_err(fail)?
+        .unwrap_or_default()
+        .to_owned();
+    let start_after = conn.start_resume(&run_id, from_seq);
+    let mut coordinator = edge.backends.coordinator.clone();
+    let opened = coordinator
+        .subscribe(pb::SubscribeRequest {
+            filter: Some(pb::subscribe_request::Filter::RunId(run_id.clone())),
+            from_seq: start_after,
+            epoch,
+        })
+        .await;
+    let mut stream = match opened {
+        Ok(stream) => stream.into_inner(),
+        Err(status) => {
+            conn.end_resume(&run_id);
+            return Err(backend_error(status));
+        }
+    };
+    let first = match stream.message().await {
+        Ok(Some(pb::SubscribeResponse {
+            item: Some(pb::subscribe_response::Item::Reset(reset)),
+        })) => {
+            conn.end_resume(&run_id);
+            return Err(fail(
+                ErrorShape::invalid(format!("cannot resume run {run_id}: {}", reset.reason))
+                    .with_details(json!({ "code": "RESUME_UNAVAILABLE", "epoch": reset.epoch })),
+            ));
+        }
+        Ok(first) => first,
+        Err(status) => {
+            conn.end_resume(&run_id);
+            return Err(backend_error(status));
+        }
+    };
+    let conn = conn.clone();
+    let resumed = run_id.clone();
+    tokio::spawn(async move {
+        let mut memory = RunMemory::default();
+        let mut next = first;
+        while let Some(pb::SubscribeResponse {
+            item: Some(pb::subscribe_response::Item::Event(event)),
+        }) = next
+        {
+            fanout::deliver_unfiltered(&conn, &memory.translate(&event));
+            if conn.outbox.closing.is_cancelled() {
+                break;
+            }
+            next = stream.message().await.ok().flatten();
+        }
+        conn.end_resume(&resumed);
+    });
+    Ok(json!({ "runId": run_id, "resumedAfterSeq": start_after }))
+}

@@ -1,0 +1,85 @@
+//! Closed-schema checks of method params, with messages in the protocol's
+//! words: `invalid chat.send params: must have required property 'message'`.
+
+use serde_json::{Map, Value};
+
+use crate::frames::ErrorShape;
+
+pub struct Params<'a> {
+    method: &'a str,
+    object: &'a Map<String, Value>,
+}
+
+impl<'a> Params<'a> {
+    /// `allowed`: every key the method accepts (the schema is closed).
+    pub fn new(method: &'a str, params: &'a Value, allowed: &[&str]) -> Result<Self, ErrorShape> {
+        let Value::Object(object) = params else {
+            return Err(Self::error_for(method, "must be object"));
+        };
+        if let Some(extra) = object.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(Self::error_for(
+                method,
+                &format!("must NOT have additional properties ({extra})"),
+            ));
+        }
+        Ok(Self { method, object })
+    }
+
+    fn error_for(method: &str, reason: &str) -> ErrorShape {
+        ErrorShape::invalid(format!("invalid {method} params: {reason}"))
+    }
+
+    pub fn error(&self, reason: &str) -> ErrorShape {
+        Self::error_for(self.method, reason)
+    }
+
+    fn present(&self, key: &str) -> Option<&'a Value> {
+        self.object.get(key).filter(|v| !v.is_null())
+    }
+
+    pub fn string(&self, key: &str) -> Result<Option<&'a str>, ErrorShape> {
+        match self.present(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.error(&format!("/{key} must be string"))),
+        }
+    }
+
+    pub fn required_string(&self, key: &str) -> Result<&'a str, ErrorShape> {
+        self.string(key)?
+            .ok_or_else(|| self.error(&format!("must have required property '{key}'")))
+    }
+
+    pub fn required_non_empty(&self, key: &str) -> Result<&'a str, ErrorShape> {
+        let value = self.required_string(key)?;
+        if value.is_empty() {
+            return Err(self.error(&format!("/{key} must NOT have fewer than 1 characters")));
+        }
+        Ok(value)
+    }
+
+    pub fn optional_non_empty(&self, key: &str) -> Result<Option<&'a str>, ErrorShape> {
+        match self.string(key)? {
+            Some("") => Err(self.error(&format!("/{key} must NOT have fewer than 1 characters"))),
+            other => Ok(other),
+        }
+    }
+
+    pub fn integer(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ErrorShape> {
+        match self.present(key) {
+            None => Ok(None),
+            Some(value) => match value.as_u64() {
+                Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+                _ => Err(self.error(&format!("/{key} must be an integer in {min}..{max}"))),
+            },
+        }
+    }
+
+    pub fn boolean(&self, key: &str) -> Result<Option<bool>, ErrorShape> {
+        match self.present(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.error(&format!("/{key} must be boolean"))),
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! `serve(config, listener, shutdown)`: the HTTP listener. Plain GETs of
+//! `/healthz` and `/readyz` are answered over HTTP; an upgrade on any path
+//! becomes a gateway WebSocket, within a per-IP budget of unauthenticated
+//! sockets (503 over it) and a connection cap.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+
+use crate::config::EdgeConfig;
+use crate::edge::{Backends, Edge};
+
+type Body = Full<Bytes>;
+
+fn plain(status: StatusCode, body: &'static str) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response
+}
+
+fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
+    let has = |name, token: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(UPGRADE, "websocket") && has(CONNECTION, "upgrade")
+}
+
+/// Small buffers keep an idle connection cheap.
+pub fn websocket_config(max_payload: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(0)
+        .max_message_size(Some(max_payload))
+        .max_frame_size(Some(max_payload))
+}
+
+async fn route(
+    edge: Arc<Edge>,
+    peer: SocketAddr,
+    mut req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    if !is_websocket_upgrade(&req) {
+        return Ok(match req.uri().path() {
+            "/healthz" => plain(StatusCode::OK, "ok\n"),
+            "/readyz" if edge.shutdown.is_cancelled() => {
+                plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+            }
+            "/readyz" => plain(StatusCode::OK, "ready\n"),
+            _ => plain(StatusCode::NOT_FOUND, "not found\n"),
+        });
+    }
+    if edge.connection_count() >= edge.config.max_connections || edge.shutdown.is_cancelled() {
+        return Ok(plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Too many connections",
+        ));
+    }
+    let Some(slot) = edge.take_preauth_slot(peer.ip()) else {
+        return Ok(plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Too many unauthenticated sockets",
+        ));
+    };
+    let Some(key) = req
+        .headers()
+        .get(SEC_WEBSOCKET_KEY)
+        .map(|k| derive_accept_key(k.as_bytes()))
+    else {
+        return Ok(plain(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key"));
+    };
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(upgraded) => {
+                let config = websocket_config(edge.config.max_payload);
+                let socket = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(config),
+                )
+                .await;
+                crate::socket::run(edge, socket, peer, slot).await;
+            }
+            Err(err) => tracing::debug!(%peer, error = %err, "websocket upgrade failed"),
+        }
+    });
+    let mut response = plain(StatusCode::SWITCHING_PROTOCOLS, "");
+    let headers = response.headers_mut();
+    headers.insert(UPGRADE, "websocket".parse().expect("static header"));
+    headers.insert(CONNECTION, "Upgrade".parse().expect("static header"));
+    headers.insert(
+        SEC_WEBSOCKET_ACCEPT,
+        key.parse().expect("base64 is a valid header"),
+    );
+    Ok(response)
+}
+
+/// Serves the edge until `shutdown`: then every connection gets the
+/// `shutdown` event and is closed 1012.
+pub async fn serve(
+    config: EdgeConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.check()?;
+    let backends = Backends::connect_lazy(&config.coordinator_address, &config.store_address)?;
+    let edge = Edge::new(config, backends);
+    serve_edge(edge, listener, shutdown).await
+}
+
+pub async fn serve_edge(
+    edge: Arc<Edge>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let fanout = tokio::spawn(crate::fanout::run(edge.clone()));
+    tracing::info!(address = %listener.local_addr()?, "gateway edge listening");
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!(error = %err, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let edge = edge.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| route(edge.clone(), peer, req));
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+    }
+    tracing::info!("gateway edge shutting down");
+    edge.shutdown.cancel();
+    // Connections send `shutdown` and close 1012 on their own; give them a moment.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while edge.connection_count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    fanout.abort();
+    Ok(())
+}

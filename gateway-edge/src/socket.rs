@@ -1,0 +1,241 @@
+//! One WebSocket from open to close: the challenge, the handshake under its
+//! timer and size limit, then one loop that reads requests (each handled in
+//! its own short task, so answers go out as they finish), writes the outbox,
+//! sends ticks, and obeys close orders.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use futures::{SinkExt, StreamExt};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use session_store::store::now_ms;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use crate::conn::{CloseOrder, Conn, Outbox, OutboxReader};
+use crate::edge::{Edge, PreauthSlot};
+use crate::frames::{self, ErrorShape, FrameError, parse_request};
+use crate::handshake::{self, Rejection};
+
+type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+async fn close(socket: &mut Socket, code: u16, reason: &str) {
+    let frame = CloseFrame {
+        code: CloseCode::from(code),
+        reason: reason.to_owned().into(),
+    };
+    let _ = socket.send(Message::Close(Some(frame))).await;
+    let _ = socket.flush().await;
+}
+
+async fn send_text(socket: &mut Socket, text: String) -> bool {
+    socket.send(Message::text(text)).await.is_ok()
+}
+
+/// The text of a data frame (binary is accepted as UTF-8), or why not.
+enum Incoming {
+    Text(String),
+    Closed,
+    Ignore,
+}
+
+fn incoming(message: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) -> Incoming {
+    match message {
+        Some(Ok(Message::Text(text))) => Incoming::Text(text.to_string()),
+        Some(Ok(Message::Binary(bytes))) => match String::from_utf8(bytes.to_vec()) {
+            Ok(text) => Incoming::Text(text),
+            Err(_) => Incoming::Text(String::new()),
+        },
+        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Incoming::Closed,
+        Some(Ok(_)) => Incoming::Ignore,
+    }
+}
+
+pub async fn run(edge: Arc<Edge>, mut socket: Socket, peer: SocketAddr, slot: PreauthSlot) {
+    let nonce = uuid::Uuid::new_v4().to_string();
+    let challenge = json!({ "nonce": nonce, "ts": now_ms() });
+    if !send_text(
+        &mut socket,
+        frames::event("connect.challenge", &challenge, None),
+    )
+    .await
+    {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + edge.config.handshake_timeout;
+    let first = loop {
+        let message = tokio::select! {
+            message = socket.next() => message,
+            () = tokio::time::sleep_until(deadline) => {
+                // The protocol closes a stalled handshake with 1000, no reason.
+                close(&mut socket, 1000, "").await;
+                return;
+            }
+        };
+        match incoming(message) {
+            Incoming::Text(text) => break text,
+            Incoming::Closed => return,
+            Incoming::Ignore => continue,
+        }
+    };
+    if first.len() > edge.config.preauth_max_bytes {
+        close(&mut socket, 1009, "preauth payload too large").await;
+        return;
+    }
+    let request = match parse_request(&first) {
+        Ok(request) => request,
+        Err(FrameError::NotJson) => {
+            close(&mut socket, 1000, "").await;
+            return;
+        }
+        Err(FrameError::Invalid { .. }) => {
+            close(&mut socket, 1008, "invalid request frame").await;
+            return;
+        }
+    };
+    let (conn, reader) = match accept_connect(&edge, &request, &nonce, peer) {
+        Ok((conn, reader, hello)) => {
+            if !send_text(&mut socket, frames::ok_response(&request.id, hello)).await {
+                return;
+            }
+            (conn, reader)
+        }
+        Err(rejection) => {
+            let _ = send_text(
+                &mut socket,
+                frames::error_response(&request.id, &rejection.error, None),
+            )
+            .await;
+            close(&mut socket, rejection.close_code, &rejection.close_reason).await;
+            return;
+        }
+    };
+    slot.release();
+    serve_connection(edge, socket, conn, reader).await;
+}
+
+/// Runs the handshake checks in the protocol's order and builds `hello-ok`.
+fn accept_connect(
+    edge: &Arc<Edge>,
+    request: &frames::Request,
+    nonce: &str,
+    peer: SocketAddr,
+) -> Result<(Arc<Conn>, OutboxReader, Value), Rejection> {
+    if request.method != "connect" {
+        return Err(Rejection::policy(ErrorShape::invalid(
+            "invalid handshake: first request must be connect",
+        )));
+    }
+    let params = handshake::parse_connect(&request.params)?;
+    let protocol = handshake::negotiate(&params)?;
+    handshake::check_role(&params)?;
+    let auth_method = edge.authenticate(&params, peer.ip())?;
+    let device = crate::identity::verify(edge, &params, nonce)?;
+    let scopes = handshake::effective_scopes(&params, device.is_some());
+    let conn_id = uuid::Uuid::new_v4().to_string();
+    let (outbox, reader) = Outbox::new(edge.config.max_buffered_bytes);
+    let mut auth = json!({ "method": auth_method, "role": params.role, "scopes": scopes });
+    if let Some(device) = &device {
+        auth["deviceToken"] = json!(device.token);
+        auth["issuedAtMs"] = json!(device.issued_at_ms);
+    }
+    let conn = Arc::new(Conn {
+        id: edge.next_conn_id(),
+        requester: device
+            .as_ref()
+            .map_or_else(|| conn_id.clone(), |d| d.device_id.clone()),
+        conn_id: conn_id.clone(),
+        role: params.role.clone(),
+        scopes,
+        tool_events: params.caps.iter().any(|c| c == "tool-events"),
+        outbox,
+        sessions_subscribed: AtomicBool::new(false),
+        runs: Default::default(),
+    });
+    let hello = json!({
+        "type": "hello-ok",
+        "protocol": protocol,
+        "server": { "version": edge.version, "connId": conn_id },
+        "features": {
+            "methods": crate::methods::SERVED_METHODS,
+            "events": crate::fanout::SERVED_EVENTS,
+        },
+        "snapshot": {
+            "presence": [],
+            "health": {},
+            "stateVersion": { "presence": 0, "health": 0 },
+            "uptimeMs": edge.started.elapsed().as_millis() as u64,
+            "sessionDefaults": {
+                "defaultAgentId": "main",
+                "mainKey": "main",
+                "mainSessionKey": "agent:main:main",
+                "scope": "per-sender",
+            },
+        },
+        "auth": auth,
+        "policy": {
+            "maxPayload": edge.config.max_payload,
+            "maxBufferedBytes": edge.config.max_buffered_bytes,
+            "tickIntervalMs": edge.config.tick_interval.as_millis() as u64,
+        },
+    });
+    Ok((conn, reader, hello))
+}
+
+/// The authenticated connection until it closes.
+async fn serve_connection(
+    edge: Arc<Edge>,
+    mut socket: Socket,
+    conn: Arc<Conn>,
+    mut reader: OutboxReader,
+) {
+    edge.register(conn.clone());
+    let mut ticks = tokio::time::interval(edge.config.tick_interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    let order = loop {
+        tokio::select! {
+            biased;
+            () = conn.outbox.closing.cancelled() => {
+                break conn.outbox.close_order();
+            }
+            () = edge.shutdown.cancelled() => {
+                let payload = json!({ "reason": "service restart", "restartExpectedMs": 0 });
+                conn.outbox.broadcast("shutdown", &payload, false);
+                // Flush what is queued, including the shutdown event.
+                while let Ok(frame) = reader.rx.try_recv() {
+                    let _ = socket.send(Message::text(frame)).await;
+                }
+                break Some(CloseOrder { code: 1012, reason: "service restart".into() });
+            }
+            frame = reader.rx.recv() => {
+                let Some(frame) = frame else { break None };
+                let bytes = frame.len();
+                let sent = socket.send(Message::text(frame)).await;
+                conn.outbox.written(bytes);
+                if sent.is_err() {
+                    break None;
+                }
+            }
+            _ = ticks.tick() => {
+                conn.outbox.broadcast("tick", &json!({ "ts": now_ms() }), false);
+            }
+            message = socket.next() => match incoming(message) {
+                Incoming::Text(text) => crate::methods::dispatch(&edge, &conn, &text),
+                Incoming::Closed => break None,
+                Incoming::Ignore => {}
+            },
+        }
+    };
+    edge.unregister(conn.id);
+    conn.outbox.closing.cancel();
+    if let Some(order) = order {
+        close(&mut socket, order.code, &order.reason).await;
+    } else {
+        let _ = socket.close(None).await;
+    }
+}

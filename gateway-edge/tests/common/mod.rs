@@ -1,0 +1,263 @@
+//! The whole system in one test process: a session-store gRPC server
+//! (embedded file), a run-coordinator gRPC server with a stub runtime, and
+//! any number of gateway edges in front; plus a small WebSocket client.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{SinkExt, StreamExt};
+use gateway_edge::config::EdgeConfig;
+use gateway_edge::edge::{Backends, Edge};
+use run_coordinator::Coordinator;
+use run_coordinator::config::CoordinatorConfig;
+use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
+use run_coordinator::runtime::{AgentRuntime, RuntimeError, RuntimeRequest, RuntimeStream};
+use serde_json::{Value, json};
+use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
+use session_store::grpc::client::RemoteStore;
+use session_store::server::{ServeOptions, serve_store};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_util::sync::CancellationToken;
+
+pub const TOKEN: &str = "testtoken";
+
+/// Like the stub model of the captures: messages with `SLOW` stream 20
+/// pieces slowly, others answer at once; the text is the message echoed.
+pub struct StubRuntime {
+    echo: EchoRuntime,
+}
+
+#[async_trait]
+impl AgentRuntime for StubRuntime {
+    fn name(&self) -> &'static str {
+        "stub"
+    }
+
+    async fn execute(
+        &self,
+        mut request: RuntimeRequest,
+        cancel: CancellationToken,
+    ) -> Result<RuntimeStream, RuntimeError> {
+        request.options = if request.message.contains("SLOW") {
+            json!({ "chunks": 20, "paceMs": 100 })
+        } else {
+            json!({ "chunks": 2, "paceMs": 5 })
+        };
+        self.echo.execute(request, cancel).await
+    }
+}
+
+pub struct System {
+    pub store_url: String,
+    pub coordinator_url: String,
+    pub stop: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl System {
+    pub async fn start() -> Self {
+        Self::start_with(CoordinatorConfig::default()).await
+    }
+
+    pub async fn start_with(config: CoordinatorConfig) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = CancellationToken::new();
+        let backend =
+            EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
+                .await
+                .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let store_url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(serve_store(
+            Arc::new(backend),
+            ServeOptions::default(),
+            listener,
+            stop.clone().cancelled_owned(),
+        ));
+        let store = RemoteStore::connect(&store_url).await.unwrap();
+        let runtime = Arc::new(StubRuntime {
+            echo: EchoRuntime::new(EchoConfig::default()),
+        });
+        let coordinator = Coordinator::start(Arc::new(store), runtime, config)
+            .await
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let coordinator_url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(run_coordinator::server::serve_coordinator(
+            coordinator,
+            Duration::from_secs(5),
+            listener,
+            stop.clone().cancelled_owned(),
+        ));
+        Self {
+            store_url,
+            coordinator_url,
+            stop,
+            _dir: dir,
+        }
+    }
+
+    pub fn edge_config(&self) -> EdgeConfig {
+        EdgeConfig::for_tests(self.coordinator_url.clone(), self.store_url.clone(), TOKEN)
+    }
+
+    /// Starts an edge; returns its ws:// URL and its state.
+    pub async fn edge(&self, config: EdgeConfig) -> (String, Arc<Edge>) {
+        let backends =
+            Backends::connect_lazy(&config.coordinator_address, &config.store_address).unwrap();
+        let edge = Edge::new(config, backends);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        tokio::spawn(gateway_edge::server::serve_edge(
+            edge.clone(),
+            listener,
+            self.stop.clone().cancelled_owned(),
+        ));
+        (url, edge)
+    }
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A raw protocol client: sends frames, collects everything received.
+pub struct Client {
+    pub ws: Ws,
+    pub received: Vec<Value>,
+    pub closed: Option<(u16, String)>,
+    next_id: u64,
+    /// `received[..scanned]` was already searched by `event`.
+    scanned: usize,
+}
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+impl Client {
+    pub async fn open(url: &str) -> Self {
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("websocket connect");
+        Self {
+            ws,
+            received: Vec::new(),
+            closed: None,
+            next_id: 0,
+            scanned: 0,
+        }
+    }
+
+    /// Opens, reads the challenge, connects with `params`; returns hello-ok.
+    pub async fn connect(url: &str, scopes: &[&str]) -> Self {
+        let mut client = Self::open(url).await;
+        let challenge = client.next_frame().await.expect("challenge");
+        assert_eq!(challenge["event"], "connect.challenge");
+        let res = client.request("connect", connect_params(scopes)).await;
+        assert_eq!(res["ok"], true, "connect failed: {res}");
+        client
+    }
+
+    pub async fn send(&mut self, frame: &Value) {
+        self.ws
+            .send(Message::text(frame.to_string()))
+            .await
+            .unwrap();
+    }
+
+    pub async fn send_raw(&mut self, text: String) {
+        self.ws.send(Message::text(text)).await.unwrap();
+    }
+
+    /// The next frame, or `None` once closed (recording the close).
+    pub async fn next_frame(&mut self) -> Option<Value> {
+        loop {
+            let message = tokio::time::timeout(DEADLINE, self.ws.next())
+                .await
+                .expect("no frame within the deadline");
+            match message {
+                Some(Ok(Message::Text(text))) => {
+                    let value: Value = serde_json::from_str(&text).expect("frames are JSON");
+                    self.received.push(value.clone());
+                    return Some(value);
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    self.closed = Some(frame.map_or((1005, String::new()), |f| {
+                        (f.code.into(), f.reason.to_string())
+                    }));
+                    return None;
+                }
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => {
+                    if self.closed.is_none() {
+                        self.closed = Some((1006, String::new()));
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
+    pub fn fresh_id(&mut self) -> String {
+        self.next_id += 1;
+        format!("t-{}", self.next_id)
+    }
+
+    /// Sends a request and waits for its (first) response.
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.fresh_id();
+        self.send(&json!({ "type": "req", "id": id, "method": method, "params": params }))
+            .await;
+        self.response(&id).await
+    }
+
+    /// Waits for the next response with `id` (others are kept in `received`).
+    pub async fn response(&mut self, id: &str) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            assert!(Instant::now() < deadline, "no response to {id}");
+            let frame = self
+                .next_frame()
+                .await
+                .unwrap_or_else(|| panic!("closed while waiting for {id}: {:?}", self.closed));
+            if frame["type"] == "res" && frame["id"] == id {
+                return frame;
+            }
+        }
+    }
+
+    /// The next event matching `check`: one already received (and not yet
+    /// returned by this method) or one still to come.
+    pub async fn event(&mut self, mut check: impl FnMut(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            while self.scanned < self.received.len() {
+                let frame = self.received[self.scanned].clone();
+                self.scanned += 1;
+                if frame["type"] == "event" && check(&frame) {
+                    return frame;
+                }
+            }
+            assert!(Instant::now() < deadline, "the event did not arrive");
+            self.next_frame()
+                .await
+                .expect("closed while waiting for an event");
+        }
+    }
+
+    /// Reads until the server closes; returns the close code and reason.
+    pub async fn until_closed(&mut self) -> (u16, String) {
+        while self.next_frame().await.is_some() {}
+        self.closed.clone().unwrap()
+    }
+}
+
+pub fn connect_params(scopes: &[&str]) -> Value {
+    json!({
+        "minProtocol": 4, "maxProtocol": 4,
+        "client": { "id": "cli", "version": "test", "platform": "linux", "mode": "cli" },
+        "caps": [], "auth": { "token": TOKEN }, "role": "operator", "scopes": scopes,
+    })
+}

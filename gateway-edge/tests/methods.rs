@@ -1,0 +1,210 @@
+//! The served methods end to end through a real edge, coordinator and store.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_two_phase_and_chat_send_lifecycle() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.write"]).await;
+
+    // agent: accepted, then the final response on the same id.
+    let id = client.fresh_id();
+    client
+        .send(&json!({"type":"req","id":id,"method":"agent","params":{"message":"Say hello","idempotencyKey":"a-1"}}))
+        .await;
+    let ack = client.response(&id).await;
+    assert_eq!(ack["payload"]["status"], "accepted", "{ack}");
+    assert!(ack["payload"]["acceptedAt"].as_i64().unwrap() > 0);
+    let last = client.response(&id).await;
+    assert_eq!(last["ok"], true, "{last}");
+    assert_eq!(last["payload"]["status"], "ok");
+    assert_eq!(last["payload"]["summary"], "completed");
+    assert_eq!(
+        last["payload"]["result"]["payloads"][0]["text"],
+        "Say hello"
+    );
+    // Events arrived with a per-connection seq from 1, and chat delta/final.
+    let seqs: Vec<u64> = client
+        .received
+        .iter()
+        .filter_map(|f| f["seq"].as_u64())
+        .collect();
+    assert_eq!(seqs.first(), Some(&1));
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    assert!(
+        client
+            .received
+            .iter()
+            .any(|f| f["event"] == "chat" && f["payload"]["state"] == "final")
+    );
+    assert!(
+        client
+            .received
+            .iter()
+            .any(|f| f["event"] == "agent" && f["payload"]["stream"] == "assistant")
+    );
+
+    // chat.send: started, in_flight while running, the cached result after.
+    let started = client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"main","message":"SLOW please","idempotencyKey":"c-1"}),
+        )
+        .await;
+    assert_eq!(
+        started["payload"],
+        json!({"runId":"c-1","status":"started"})
+    );
+    let again = client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"main","message":"SLOW please","idempotencyKey":"c-1"}),
+        )
+        .await;
+    assert_eq!(again["payload"]["status"], "in_flight");
+    let timeout = client
+        .request("agent.wait", json!({"runId":"c-1","timeoutMs":50}))
+        .await;
+    assert_eq!(
+        timeout["payload"],
+        json!({"runId":"c-1","status":"timeout"})
+    );
+    let waited = client
+        .request("agent.wait", json!({"runId":"c-1","timeoutMs":60000}))
+        .await;
+    assert_eq!(waited["payload"]["status"], "ok", "{waited}");
+    let cached = client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"main","message":"SLOW please","idempotencyKey":"c-1"}),
+        )
+        .await;
+    assert_eq!(cached["payload"], json!({"runId":"c-1","status":"ok"}));
+    let history = client
+        .request("chat.history", json!({"sessionKey":"main"}))
+        .await;
+    let messages = history["payload"]["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2);
+    assert_eq!(history["payload"]["sessionKey"], "main");
+    system.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_abort_by_session_and_by_run() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
+    client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"abort-me","message":"SLOW run","idempotencyKey":"ab-1"}),
+        )
+        .await;
+    client
+        .event(|f| f["event"] == "chat" && f["payload"]["state"] == "delta")
+        .await;
+    let aborted = client
+        .request("chat.abort", json!({"sessionKey":"abort-me"}))
+        .await;
+    assert_eq!(
+        aborted["payload"],
+        json!({"ok":true,"aborted":true,"runIds":["ab-1"]})
+    );
+    let event = client
+        .event(|f| f["event"] == "chat" && f["payload"]["state"] == "aborted")
+        .await;
+    assert_eq!(event["payload"]["stopReason"], "rpc");
+    let waited = client
+        .request("agent.wait", json!({"runId":"ab-1","timeoutMs":10000}))
+        .await;
+    assert_eq!(waited["payload"]["status"], "error");
+    assert_eq!(waited["payload"]["error"], "aborted");
+    assert_eq!(waited["payload"]["stopReason"], "rpc");
+    let again = client
+        .request("chat.abort", json!({"sessionKey":"abort-me"}))
+        .await;
+    assert_eq!(
+        again["payload"],
+        json!({"ok":true,"aborted":false,"runIds":[]})
+    );
+
+    // By run: a wrong session is refused, the right one aborts.
+    client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"abort-me","message":"SLOW again","idempotencyKey":"ab-2"}),
+        )
+        .await;
+    let wrong = client
+        .request("chat.abort", json!({"sessionKey":"other","runId":"ab-2"}))
+        .await;
+    assert_eq!(wrong["error"]["message"], "runId does not match sessionKey");
+    let by_run = client
+        .request(
+            "chat.abort",
+            json!({"sessionKey":"abort-me","runId":"ab-2"}),
+        )
+        .await;
+    assert_eq!(
+        by_run["payload"],
+        json!({"ok":true,"aborted":true,"runIds":["ab-2"]})
+    );
+    // The partial text is kept in the history, marked aborted.
+    let history = client
+        .request("chat.history", json!({"sessionKey":"abort-me"}))
+        .await;
+    let messages = history["payload"]["messages"].as_array().unwrap();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m["role"] == "assistant" && m["aborted"] == true),
+        "{history}"
+    );
+    system.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_methods() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
+    let subscribed = client.request("sessions.subscribe", json!({})).await;
+    assert_eq!(subscribed["payload"], json!({"subscribed": true}));
+    client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"s1","message":"hi","idempotencyKey":"s-1"}),
+        )
+        .await;
+    client.request("agent.wait", json!({"runId":"s-1"})).await;
+    let list = client.request("sessions.list", json!({})).await;
+    assert_eq!(list["payload"]["sessions"][0]["key"], "agent:main:s1");
+    assert_eq!(
+        list["payload"]["defaults"]["model"],
+        serde_json::Value::Null
+    );
+    let reset = client.request("sessions.reset", json!({"key":"s1"})).await;
+    assert_eq!(reset["payload"]["ok"], true);
+    assert_eq!(reset["payload"]["key"], "agent:main:s1");
+    client
+        .event(|f| f["event"] == "sessions.changed" && f["payload"]["reason"] == "reset")
+        .await;
+    let main = client
+        .request("sessions.delete", json!({"key":"main"}))
+        .await;
+    assert_eq!(
+        main["error"]["message"],
+        "Cannot delete the main session (main)."
+    );
+    let deleted = client.request("sessions.delete", json!({"key":"s1"})).await;
+    assert_eq!(deleted["payload"]["deleted"], true);
+    let empty = client
+        .request("chat.history", json!({"sessionKey":"never-used"}))
+        .await;
+    assert_eq!(empty["payload"]["messages"], json!([]));
+    system.stop.cancel();
+}
