@@ -87,8 +87,9 @@ impl EdgeConfig {
         }
     }
 
-    /// A config for tests and embedding: token auth on loopback port 0.
-    pub fn for_tests(coordinator_address: String, store_address: String, token: &str) -> Self {
+    /// Token auth on loopback port 0 with every other setting at its default
+    /// (tests and the all-in-one launcher).
+    pub fn with_token(coordinator_address: String, store_address: String, token: &str) -> Self {
         Self {
             listen: "127.0.0.1:0".parse().expect("valid address"),
             coordinator_address,

@@ -44,7 +44,7 @@ impl AgentRuntime for StubRuntime {
         cancel: CancellationToken,
     ) -> Result<RuntimeStream, RuntimeError> {
         request.options = if request.message.contains("SLOW") {
-            json!({ "chunks": 20, "paceMs": 100 })
+            json!({ "chunks": 20, "paceMs": 300 })
         } else {
             json!({ "chunks": 2, "paceMs": 5 })
         };
@@ -103,7 +103,7 @@ impl System {
     }
 
     pub fn edge_config(&self) -> EdgeConfig {
-        EdgeConfig::for_tests(self.coordinator_url.clone(), self.store_url.clone(), TOKEN)
+        EdgeConfig::with_token(self.coordinator_url.clone(), self.store_url.clone(), TOKEN)
     }
 
     /// Starts an edge; returns its ws:// URL and its state.

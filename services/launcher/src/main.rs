@@ -1,7 +1,8 @@
 //! `clawgate`: the whole system in one process for a laptop or a test — the
-//! session store (embedded by default) and the run coordinator (echo runtime
-//! by default), each on its own gRPC port. The coordinator calls the store in
-//! process; other clients reach both over gRPC.
+//! session store (embedded by default), the run coordinator (echo runtime by
+//! default), each on its own gRPC port, and the gateway edge (OpenClaw
+//! protocol v4 over WebSocket) in front. The coordinator calls the store in
+//! process; the edge reaches both over gRPC, exactly as in a deployment.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,6 +41,12 @@ struct Cli {
     /// How long terminal run records are kept.
     #[arg(long, env = "SESSION_STORE_RUN_RETENTION", default_value = "24h", value_parser = parse_duration)]
     run_retention: Duration,
+    /// The WebSocket address OpenClaw clients connect to.
+    #[arg(long, env = "EDGE_LISTEN", default_value = "127.0.0.1:18789")]
+    edge_listen: SocketAddr,
+    /// The token clients authenticate with (a random one when unset).
+    #[arg(long, env = "EDGE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
@@ -75,20 +82,48 @@ async fn main() -> anyhow::Result<()> {
     let runtime = cli.coordinator.runtime.build().await?;
     let store = Arc::new(Checked::new(backend, options.limits));
     let coordinator = Coordinator::start(store, runtime, cli.coordinator.config()).await?;
+    let token = cli
+        .token
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    let mut edge_config = gateway_edge::config::EdgeConfig::with_token(
+        format!("http://{}", cli.coordinator_listen),
+        format!("http://{}", cli.store_listen),
+        &token,
+    );
+    edge_config.listen = cli.edge_listen;
+    let edge_listener = TcpListener::bind(cli.edge_listen).await?;
+    let edge_stop = CancellationToken::new();
+    let edge_server = tokio::spawn(gateway_edge::server::serve(
+        edge_config,
+        edge_listener,
+        edge_stop.clone().cancelled_owned(),
+    ));
     println!("clawgate is up");
-    println!("  session store    grpc://{}", cli.store_listen);
+    println!("  gateway (OpenClaw protocol v4)  ws://{}", cli.edge_listen);
+    println!("  token                           {token}");
     println!(
-        "  run coordinator  grpc://{}  (runtime: {:?})",
+        "  session store                   grpc://{}",
+        cli.store_listen
+    );
+    println!(
+        "  run coordinator                 grpc://{}  (runtime: {:?})",
         cli.coordinator_listen, cli.coordinator.runtime.runtime
     );
-    println!("  data             {}", cli.store);
+    println!("  data                            {}", cli.store);
 
-    // The coordinator drains first; the store it writes to stops last.
+    // On a signal: the edge says `shutdown` and closes its sockets, the
+    // coordinator drains, and the store it writes to stops last.
+    let signal = async move {
+        clawgate_common::shutdown_signal().await;
+        edge_stop.cancel();
+        let _ = edge_server.await;
+    };
     let served = run_coordinator::server::serve_coordinator(
         coordinator,
         cli.coordinator.drain_timeout,
         coordinator_listener,
-        clawgate_common::shutdown_signal(),
+        signal,
     )
     .await;
     store_stop.cancel();
