@@ -59,6 +59,11 @@ pub struct EdgeConfig {
     /// Per-connection send buffer, bytes (advertised as policy.maxBufferedBytes).
     #[arg(long, env = "EDGE_MAX_BUFFERED_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_buffered_bytes: usize,
+    /// Kernel send buffer per socket, bytes. Kept modest so that a client
+    /// that stops reading backs up into the outbox, where the slow-consumer
+    /// policy applies, rather than into kernel memory.
+    #[arg(long, env = "EDGE_SOCKET_SEND_BUFFER", default_value_t = 256 * 1024)]
+    pub socket_send_buffer: usize,
     /// Interval of `tick` events (advertised as policy.tickIntervalMs).
     #[arg(long, env = "EDGE_TICK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub tick_interval: Duration,
@@ -102,6 +107,7 @@ impl EdgeConfig {
             preauth_per_ip: 32,
             max_payload: 25 * 1024 * 1024,
             max_buffered_bytes: 16 * 1024 * 1024,
+            socket_send_buffer: 256 * 1024,
             tick_interval: Duration::from_secs(30),
             auth_failures_per_minute: 10,
             max_connections: 20_000,

@@ -55,6 +55,8 @@ pub struct Edge {
     /// Fires on shutdown: every connection gets `shutdown` and closes 1012.
     pub shutdown: CancellationToken,
     pub device_tokens: crate::device::DeviceTokens,
+    /// The coordinator event stream is open (what `/readyz` reports).
+    pub fanout_ready: std::sync::atomic::AtomicBool,
 }
 
 /// Holds one unauthenticated-socket slot of an IP until dropped.
@@ -112,6 +114,7 @@ impl Edge {
             auth_failures: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             device_tokens: crate::device::DeviceTokens::random(),
+            fanout_ready: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

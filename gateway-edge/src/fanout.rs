@@ -160,13 +160,18 @@ impl RunMemory {
             Some(Body::Assistant(assistant)) => {
                 let entry = self.runs.entry(run_id.clone()).or_default();
                 entry.0 = assistant.text.clone();
-                out.push(plain(
-                    "agent",
-                    agent(
-                        "assistant",
-                        json!({ "text": assistant.text, "delta": assistant.delta }),
-                    ),
-                ));
+                // Assistant events carry the text so far, so a dropped one
+                // loses nothing the next one does not repeat: droppable.
+                out.push(Outgoing {
+                    droppable: true,
+                    ..plain(
+                        "agent",
+                        agent(
+                            "assistant",
+                            json!({ "text": assistant.text, "delta": assistant.delta }),
+                        ),
+                    )
+                });
                 out.push(Outgoing {
                     droppable: true,
                     ..plain("chat", json!({
@@ -269,6 +274,8 @@ pub async fn run(edge: Arc<Edge>) {
         match client.subscribe(request).await {
             Ok(stream) => {
                 let mut stream = stream.into_inner();
+                edge.fanout_ready
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 loop {
                     match stream.message().await {
                         Ok(Some(pb::SubscribeResponse {
@@ -297,6 +304,8 @@ pub async fn run(edge: Arc<Edge>) {
             }
             Err(status) => tracing::debug!(error = %status, "coordinator event stream unavailable"),
         }
+        edge.fanout_ready
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }

@@ -61,6 +61,10 @@ async fn route(
             "/readyz" if edge.shutdown.is_cancelled() => {
                 plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
             }
+            "/readyz" if !edge.fanout_ready.load(std::sync::atomic::Ordering::Relaxed) => plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "waiting for the coordinator event stream\n",
+            ),
             "/readyz" => plain(StatusCode::OK, "ready\n"),
             _ => plain(StatusCode::NOT_FOUND, "not found\n"),
         });
@@ -144,6 +148,8 @@ pub async fn serve_edge(
             },
         };
         let _ = stream.set_nodelay(true);
+        let _ =
+            socket2::SockRef::from(&stream).set_send_buffer_size(edge.config.socket_send_buffer);
         let edge = edge.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| route(edge.clone(), peer, req));

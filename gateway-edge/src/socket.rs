@@ -28,8 +28,12 @@ async fn close(socket: &mut Socket, code: u16, reason: &str) {
         code: CloseCode::from(code),
         reason: reason.to_owned().into(),
     };
-    let _ = socket.send(Message::Close(Some(frame))).await;
-    let _ = socket.flush().await;
+    // A peer that does not read gets a few seconds, then the socket goes.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        let _ = socket.send(Message::Close(Some(frame))).await;
+        let _ = socket.flush().await;
+    })
+    .await;
 }
 
 async fn send_text(socket: &mut Socket, text: String) -> bool {
@@ -215,7 +219,13 @@ async fn serve_connection(
             frame = reader.rx.recv() => {
                 let Some(frame) = frame else { break None };
                 let bytes = frame.len();
-                let sent = socket.send(Message::text(frame)).await;
+                // A peer that stops reading blocks this write; a close order
+                // (slow consumer, shutdown) must still get through.
+                let sent = tokio::select! {
+                    sent = socket.send(Message::text(frame)) => sent,
+                    () = conn.outbox.closing.cancelled() => break conn.outbox.close_order(),
+                    () = edge.shutdown.cancelled() => break Some(CloseOrder { code: 1012, reason: "service restart".into() }),
+                };
                 conn.outbox.written(bytes);
                 if sent.is_err() {
                     break None;

@@ -45,6 +45,8 @@ impl AgentRuntime for StubRuntime {
     ) -> Result<RuntimeStream, RuntimeError> {
         request.options = if request.message.contains("SLOW") {
             json!({ "chunks": 20, "paceMs": 300 })
+        } else if request.message.contains("FLOOD") {
+            json!({ "chunks": 50, "paceMs": 20 })
         } else {
             json!({ "chunks": 2, "paceMs": 5 })
         };
@@ -118,6 +120,12 @@ impl System {
             listener,
             self.stop.clone().cancelled_owned(),
         ));
+        // Ready once its coordinator event stream is open.
+        let deadline = Instant::now() + DEADLINE;
+        while !edge.fanout_ready.load(std::sync::atomic::Ordering::Relaxed) {
+            assert!(Instant::now() < deadline, "the edge never became ready");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         (url, edge)
     }
 }
@@ -148,6 +156,33 @@ impl Client {
             next_id: 0,
             scanned: 0,
         }
+    }
+
+    /// Like `open`, with a tiny receive buffer, so that a client that stops
+    /// reading backs the edge up quickly (slow-consumer tests).
+    pub async fn open_small_buffer(url: &str) -> Self {
+        let address = url.trim_start_matches("ws://").parse().unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let stream = socket.connect(address).await.unwrap();
+        let (ws, _) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
+            .await
+            .unwrap();
+        Self {
+            ws,
+            received: Vec::new(),
+            closed: None,
+            next_id: 0,
+            scanned: 0,
+        }
+    }
+
+    /// The handshake on an opened socket.
+    pub async fn handshake(&mut self, scopes: &[&str]) {
+        let challenge = self.next_frame().await.expect("challenge");
+        assert_eq!(challenge["event"], "connect.challenge");
+        let res = self.request("connect", connect_params(scopes)).await;
+        assert_eq!(res["ok"], true, "connect failed: {res}");
     }
 
     /// Opens, reads the challenge, connects with `params`; returns hello-ok.
@@ -249,7 +284,10 @@ impl Client {
 
     /// Reads until the server closes; returns the close code and reason.
     pub async fn until_closed(&mut self) -> (u16, String) {
-        while self.next_frame().await.is_some() {}
+        let deadline = Instant::now() + DEADLINE;
+        while self.next_frame().await.is_some() {
+            assert!(Instant::now() < deadline, "the server did not close");
+        }
         self.closed.clone().unwrap()
     }
 }

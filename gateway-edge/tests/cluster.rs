@@ -1,0 +1,281 @@
+//! Several edges in front of one coordinator, resuming a run's events on
+//! another edge, and the slow-consumer policy.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn run_seqs(frames: &[Value], run_id: &str) -> Vec<u64> {
+    frames
+        .iter()
+        .filter(|f| f["event"] == "agent" && f["payload"]["runId"] == run_id)
+        .map(|f| f["payload"]["seq"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_started_on_edge_a_is_seen_waited_and_aborted_on_edge_b() {
+    let system = System::start().await;
+    let (url_a, _) = system.edge(system.edge_config()).await;
+    let (url_b, _) = system.edge(system.edge_config()).await;
+    let mut on_a = Client::connect(&url_a, &["operator.write"]).await;
+    let mut on_b = Client::connect(&url_b, &["operator.admin"]).await;
+    let started = on_a
+        .request(
+            "chat.send",
+            json!({"sessionKey":"shared","message":"SLOW across edges","idempotencyKey":"x-1"}),
+        )
+        .await;
+    assert_eq!(started["payload"]["status"], "started");
+    // B streams the run's chat events although A started it.
+    let delta = on_b
+        .event(|f| f["event"] == "chat" && f["payload"]["runId"] == "x-1")
+        .await;
+    assert_eq!(delta["payload"]["sessionKey"], "agent:main:shared");
+    let waiting = on_b
+        .request("agent.wait", json!({"runId":"x-1","timeoutMs":10}))
+        .await;
+    assert_eq!(waiting["payload"]["status"], "timeout");
+    let aborted = on_b
+        .request("chat.abort", json!({"sessionKey":"shared"}))
+        .await;
+    assert_eq!(
+        aborted["payload"],
+        json!({"ok":true,"aborted":true,"runIds":["x-1"]})
+    );
+    let waited = on_b
+        .request("agent.wait", json!({"runId":"x-1","timeoutMs":10000}))
+        .await;
+    assert_eq!(waited["payload"]["error"], "aborted");
+    // A hears the abort too.
+    let end = on_a
+        .event(|f| f["event"] == "chat" && f["payload"]["state"] == "aborted")
+        .await;
+    assert_eq!(end["payload"]["runId"], "x-1");
+    system.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_on_another_edge_has_no_gap_and_no_duplicate() {
+    let system = System::start().await;
+    let (url_a, _) = system.edge(system.edge_config()).await;
+    let (url_b, _) = system.edge(system.edge_config()).await;
+    let mut first = Client::connect(&url_a, &["operator.write"]).await;
+    first
+        .request(
+            "chat.send",
+            json!({"sessionKey":"resumed","message":"SLOW resume me","idempotencyKey":"r-1"}),
+        )
+        .await;
+    // Read a few agent events of the run, then drop mid-run.
+    first
+        .event(|f| {
+            f["event"] == "agent"
+                && f["payload"]["runId"] == "r-1"
+                && f["payload"]["stream"] == "assistant"
+                && f["payload"]["seq"].as_u64() >= Some(4)
+        })
+        .await;
+    let seen = run_seqs(&first.received, "r-1");
+    let last_seen = *seen.last().unwrap();
+    drop(first);
+
+    let mut second = Client::connect(&url_b, &["operator.read"]).await;
+    let resumed = second
+        .request("runs.resume", json!({"runId":"r-1","fromSeq":last_seen}))
+        .await;
+    assert_eq!(resumed["ok"], true, "{resumed}");
+    let end = second
+        .event(|f| {
+            f["event"] == "agent"
+                && f["payload"]["runId"] == "r-1"
+                && f["payload"]["data"]["phase"] == "end"
+        })
+        .await;
+    assert_eq!(end["payload"]["data"]["status"], "ok");
+    let rest = run_seqs(&second.received, "r-1");
+    assert_eq!(
+        rest.first(),
+        Some(&(last_seen + 1)),
+        "starts right after the last seen seq: {rest:?}"
+    );
+    assert!(
+        rest.windows(2).all(|w| w[1] == w[0] + 1),
+        "gap or duplicate: {rest:?}"
+    );
+    // The run's final chat event arrives, exactly once.
+    second
+        .event(|f| {
+            f["event"] == "chat"
+                && f["payload"]["runId"] == "r-1"
+                && f["payload"]["state"] == "final"
+        })
+        .await;
+    let finals = second
+        .received
+        .iter()
+        .filter(|f| f["event"] == "chat" && f["payload"]["state"] == "final")
+        .count();
+    assert_eq!(finals, 1);
+    // A position that no longer exists is refused clearly.
+    let unknown = second
+        .request("runs.resume", json!({"runId":"nope","fromSeq":0}))
+        .await;
+    assert_eq!(unknown["error"]["details"]["code"], "RESUME_UNAVAILABLE");
+    system.stop.cancel();
+}
+
+/// Submits a run straight to the coordinator and waits for its end.
+async fn run_to_end(system: &System, run_id: &str, message: &str) {
+    submit_and_wait(&system.coordinator_url, run_id, message).await;
+}
+
+async fn submit_and_wait(coordinator_url: &str, run_id: &str, message: &str) {
+    use clawgate_proto::run_coordinator::v1 as pb;
+    let mut coordinator =
+        pb::run_coordinator_client::RunCoordinatorClient::connect(coordinator_url.to_owned())
+            .await
+            .unwrap();
+    coordinator
+        .submit(pb::SubmitRequest {
+            run_id: run_id.into(),
+            session_key: "flood".into(),
+            kind: "chat".into(),
+            message: message.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let waited = coordinator
+        .wait(pb::WaitRequest {
+            run_id: run_id.into(),
+            timeout_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(waited.terminal);
+}
+
+/// The text a run has streamed so far, per the coordinator.
+async fn streamed(system: &System, run_id: &str) -> usize {
+    use clawgate_proto::run_coordinator::v1 as pb;
+    let mut coordinator =
+        pb::run_coordinator_client::RunCoordinatorClient::connect(system.coordinator_url.clone())
+            .await
+            .unwrap();
+    let got = coordinator
+        .get(pb::GetRequest {
+            run_id: run_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    got.snapshot.map_or(0, |s| s.text.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_consumers_drop_deltas_then_close_without_hurting_others() {
+    // Every runtime chunk becomes its own delta event, so a flood is many events.
+    let system = System::start_with(run_coordinator::config::CoordinatorConfig {
+        delta_interval: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    let mut config = system.edge_config();
+    config.max_buffered_bytes = 64 * 1024;
+    config.socket_send_buffer = 16 * 1024;
+    let (url, edge) = system.edge(config).await;
+    // `healthy` reads all the time, in its own task, until the last run ends.
+    let mut healthy = Client::connect(&url, &["operator.read"]).await;
+    let healthy = tokio::spawn(async move {
+        healthy
+            .event(|f| {
+                f["event"] == "chat"
+                    && f["payload"]["runId"] == "last"
+                    && f["payload"]["state"] == "final"
+            })
+            .await;
+        healthy.received
+    });
+    let mut pausing = Client::open_small_buffer(&url).await;
+    pausing.handshake(&["operator.read"]).await;
+    let mut stuck = Client::open_small_buffer(&url).await;
+    stuck.handshake(&["operator.read"]).await;
+
+    // `pausing` reads nothing while the first deltas flow (its outbox fills
+    // and deltas are dropped), then reads everything before the end.
+    let message = format!("FLOOD {}", "x".repeat(30 * 1024));
+    let flood = {
+        let (coordinator_url, message) = (system.coordinator_url.clone(), message.clone());
+        tokio::spawn(async move { submit_and_wait(&coordinator_url, "f-1", &message).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut max_queued = 0;
+    while streamed(&system, "f-1").await < 15 * 1024 {
+        for conn in edge.connections() {
+            max_queued = max_queued.max(conn.outbox.queued_bytes());
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the flood did not stream"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        max_queued <= 64 * 1024,
+        "an outbox exceeded its budget: {max_queued}"
+    );
+    let end = pausing
+        .event(|f| {
+            f["event"] == "chat"
+                && f["payload"]["runId"] == "f-1"
+                && f["payload"]["state"] != "delta"
+        })
+        .await;
+    assert_eq!(end["payload"]["state"], "final");
+    let seqs: Vec<u64> = pausing
+        .received
+        .iter()
+        .filter_map(|f| f["seq"].as_u64())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] > w[0]),
+        "seq never goes back: {seqs:?}"
+    );
+    assert!(
+        seqs.windows(2).any(|w| w[1] > w[0] + 1),
+        "dropped deltas show as a gap: {seqs:?}"
+    );
+    flood.await.unwrap();
+    drop(pausing);
+
+    // `stuck` never reads: more floods until a non-droppable event does not
+    // fit its outbox any more, which closes it 1008.
+    while edge.connection_count() > 2 {
+        assert!(tokio::time::Instant::now() < deadline, "pausing never left");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for n in 2..=8 {
+        if edge.connection_count() < 2 {
+            break;
+        }
+        run_to_end(&system, &format!("f-{n}"), &message).await;
+    }
+    assert_eq!(edge.connection_count(), 1, "the stuck client was closed");
+    let (code, reason) = stuck.until_closed().await;
+    assert_eq!((code, reason.as_str()), (1008, "slow consumer"));
+
+    // The healthy client saw every event, in order, through to the last run.
+    run_to_end(&system, "last", "done").await;
+    let received = healthy.await.unwrap();
+    let seqs: Vec<u64> = received.iter().filter_map(|f| f["seq"].as_u64()).collect();
+    assert!(
+        seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1),
+        "healthy seqs: {seqs:?}"
+    );
+    system.stop.cancel();
+}
