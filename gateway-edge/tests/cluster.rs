@@ -279,3 +279,15 @@ async fn slow_consumers_drop_deltas_then_close_without_hurting_others() {
     );
     system.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_says_so_then_closes_1012() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.read"]).await;
+    system.stop.cancel();
+    let shutdown = client.event(|f| f["event"] == "shutdown").await;
+    assert!(shutdown["seq"].as_u64().is_some());
+    let (code, reason) = client.until_closed().await;
+    assert_eq!((code, reason.as_str()), (1012, "service restart"));
+}
