@@ -208,3 +208,42 @@ async fn sessions_methods() {
     assert_eq!(empty["payload"]["messages"], json!([]));
     system.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_retry_while_running_is_the_same_run() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.write"]).await;
+    let params = json!({"message":"SLOW retry me","idempotencyKey":"retry-1","sessionKey":"retry"});
+    let first = client.fresh_id();
+    client
+        .send(&json!({"type":"req","id":first,"method":"agent","params":params}))
+        .await;
+    let ack = client.response(&first).await;
+    assert_eq!(ack["payload"]["status"], "accepted");
+    // The retry (a new request id, the same key) is the same run: accepted,
+    // then the same final, and the run executed once.
+    let retry = client.fresh_id();
+    client
+        .send(&json!({"type":"req","id":retry,"method":"agent","params":params}))
+        .await;
+    let retry_ack = client.response(&retry).await;
+    assert_eq!(retry_ack["payload"]["runId"], "retry-1");
+    assert_eq!(retry_ack["payload"]["status"], "accepted");
+    let first_final = client.response(&first).await;
+    let retry_final = client.response(&retry).await;
+    assert_eq!(first_final["payload"]["status"], "ok");
+    assert_eq!(retry_final["payload"], first_final["payload"]);
+    let history = client
+        .request("chat.history", json!({"sessionKey":"retry"}))
+        .await;
+    assert_eq!(
+        history["payload"]["messages"].as_array().unwrap().len(),
+        2,
+        "one user and one assistant turn"
+    );
+    // A retry after the end answers the cached final at once.
+    let late = client.request("agent", params.clone()).await;
+    assert_eq!(late["payload"]["status"], "ok");
+    system.stop.cancel();
+}

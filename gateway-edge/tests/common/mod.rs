@@ -140,6 +140,8 @@ pub struct Client {
     next_id: u64,
     /// `received[..scanned]` was already searched by `event`.
     scanned: usize,
+    /// Indexes in `received` of responses already returned by `response`.
+    taken: std::collections::HashSet<usize>,
 }
 
 pub const DEADLINE: Duration = Duration::from_secs(30);
@@ -155,6 +157,7 @@ impl Client {
             closed: None,
             next_id: 0,
             scanned: 0,
+            taken: Default::default(),
         }
     }
 
@@ -174,6 +177,7 @@ impl Client {
             closed: None,
             next_id: 0,
             scanned: 0,
+            taken: Default::default(),
         }
     }
 
@@ -248,17 +252,23 @@ impl Client {
         self.response(&id).await
     }
 
-    /// Waits for the next response with `id` (others are kept in `received`).
+    /// The next response with `id` not returned before (one already
+    /// received, or one still to come).
     pub async fn response(&mut self, id: &str) -> Value {
         let deadline = Instant::now() + DEADLINE;
         loop {
+            let found = (0..self.received.len()).find(|i| {
+                !self.taken.contains(i)
+                    && self.received[*i]["type"] == "res"
+                    && self.received[*i]["id"] == id
+            });
+            if let Some(index) = found {
+                self.taken.insert(index);
+                return self.received[index].clone();
+            }
             assert!(Instant::now() < deadline, "no response to {id}");
-            let frame = self
-                .next_frame()
-                .await
-                .unwrap_or_else(|| panic!("closed while waiting for {id}: {:?}", self.closed));
-            if frame["type"] == "res" && frame["id"] == id {
-                return frame;
+            if self.next_frame().await.is_none() {
+                panic!("closed while waiting for {id}: {:?}", self.closed);
             }
         }
     }
