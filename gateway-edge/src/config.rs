@@ -67,6 +67,9 @@ pub struct EdgeConfig {
     /// Interval of `tick` events (advertised as policy.tickIntervalMs).
     #[arg(long, env = "EDGE_TICK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub tick_interval: Duration,
+    /// Interval of the `health` event.
+    #[arg(long, env = "EDGE_HEALTH_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub health_interval: Duration,
     /// Failed authentications per client IP per minute before refusing.
     #[arg(long, env = "EDGE_AUTH_FAILURES_PER_MINUTE", default_value_t = 10)]
     pub auth_failures_per_minute: u32,
@@ -109,6 +112,7 @@ impl EdgeConfig {
             max_buffered_bytes: 16 * 1024 * 1024,
             socket_send_buffer: 256 * 1024,
             tick_interval: Duration::from_secs(30),
+            health_interval: Duration::from_secs(60),
             auth_failures_per_minute: 10,
             max_connections: 20_000,
         }

@@ -162,6 +162,11 @@ fn key_for(method: &str, raw: &str) -> Result<SessionKey, (ErrorShape, Option<Va
 }
 
 async fn health(edge: &Arc<Edge>) -> Answer {
+    health_summary(edge).await.map_err(fail)
+}
+
+/// The `health` payload (also broadcast as the `health` event).
+pub async fn health_summary(edge: &Arc<Edge>) -> Result<Value, ErrorShape> {
     let started = now_ms();
     let sessions = edge
         .backends
@@ -171,7 +176,7 @@ async fn health(edge: &Arc<Edge>) -> Answer {
             ..ListQuery::default()
         })
         .await
-        .map_err(|e| fail(ErrorShape::unavailable(e.to_string())))?;
+        .map_err(|e| ErrorShape::unavailable(e.to_string()))?;
     let recent: Vec<Value> = sessions
         .iter()
         .map(|s| json!({ "key": s.key.as_str(), "updatedAt": s.updated_at_ms, "age": now_ms() - s.updated_at_ms }))
@@ -183,6 +188,22 @@ async fn health(edge: &Arc<Edge>) -> Answer {
         "agents": [{ "agentId": "main", "isDefault": true }],
         "sessions": { "path": "session-store", "count": recent.len(), "recent": recent },
     }))
+}
+
+/// Broadcasts the `health` event to every connection that may read, every
+/// `interval`, for as long as the edge runs.
+pub async fn broadcast_health(edge: Arc<Edge>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        if let Ok(summary) = health_summary(&edge).await {
+            for conn in edge.connections().iter().filter(|c| c.can_read()) {
+                conn.outbox.broadcast("health", &summary, false);
+            }
+        }
+    }
 }
 
 async fn status(edge: &Arc<Edge>) -> Answer {

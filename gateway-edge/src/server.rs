@@ -134,6 +134,10 @@ pub async fn serve_edge(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let fanout = tokio::spawn(crate::fanout::run(edge.clone()));
+    let health = tokio::spawn(crate::methods::broadcast_health(
+        edge.clone(),
+        edge.config.health_interval,
+    ));
     tracing::info!(address = %listener.local_addr()?, "gateway edge listening");
     tokio::pin!(shutdown);
     loop {
@@ -167,5 +171,6 @@ pub async fn serve_edge(
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     fanout.abort();
+    health.abort();
     Ok(())
 }

@@ -247,3 +247,19 @@ async fn an_agent_retry_while_running_is_the_same_run() {
     assert_eq!(late["payload"]["status"], "ok");
     system.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_tick_events_arrive_on_their_intervals() {
+    let system = System::start().await;
+    let mut config = system.edge_config();
+    config.health_interval = std::time::Duration::from_millis(50);
+    config.tick_interval = std::time::Duration::from_millis(50);
+    let (url, _) = system.edge(config).await;
+    let mut client = Client::connect(&url, &["operator.read"]).await;
+    let health = client.event(|f| f["event"] == "health").await;
+    assert_eq!(health["payload"]["ok"], true);
+    assert!(health["seq"].as_u64().is_some());
+    let tick = client.event(|f| f["event"] == "tick").await;
+    assert!(tick["payload"]["ts"].as_i64().is_some());
+    system.stop.cancel();
+}
