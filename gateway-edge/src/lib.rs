@@ -17,6 +17,7 @@ pub mod handshake;
 pub mod identity;
 pub mod methods;
 pub mod params;
+pub mod preauth_io;
 pub mod scopes;
 pub mod server;
 pub mod socket;

@@ -22,6 +22,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use crate::config::EdgeConfig;
 use crate::edge::{Backends, Edge};
+use crate::preauth_io::{Guarded, PreauthGuard};
 
 type Body = Full<Bytes>;
 
@@ -93,13 +94,10 @@ async fn route(
         match upgrade.await {
             Ok(upgraded) => {
                 let config = websocket_config(edge.config.max_payload);
-                let socket = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(config),
-                )
-                .await;
-                crate::socket::run(edge, socket, peer, slot).await;
+                let guard = PreauthGuard::new(edge.config.preauth_max_bytes);
+                let io = Guarded::new(TokioIo::new(upgraded), guard.clone());
+                let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
+                crate::socket::run(edge, socket, peer, slot, guard).await;
             }
             Err(err) => tracing::debug!(%peer, error = %err, "websocket upgrade failed"),
         }

@@ -20,8 +20,9 @@ use crate::conn::{CloseOrder, Conn, Outbox, OutboxReader};
 use crate::edge::{Edge, PreauthSlot};
 use crate::frames::{self, ErrorShape, FrameError, parse_request};
 use crate::handshake::{self, Rejection};
+use crate::preauth_io::{Guarded, PreauthGuard};
 
-type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+type Socket = WebSocketStream<Guarded<TokioIo<hyper::upgrade::Upgraded>>>;
 
 async fn close(socket: &mut Socket, code: u16, reason: &str) {
     let frame = CloseFrame {
@@ -40,26 +41,33 @@ async fn send_text(socket: &mut Socket, text: String) -> bool {
     socket.send(Message::text(text)).await.is_ok()
 }
 
-/// The text of a data frame (binary is accepted as UTF-8), or why not.
+/// The text of a data frame (binary is accepted as UTF-8; invalid UTF-8 is
+/// empty text) with the frame's size in bytes, or why there is none.
 enum Incoming {
-    Text(String),
+    Text(String, usize),
     Closed,
     Ignore,
 }
 
 fn incoming(message: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) -> Incoming {
     match message {
-        Some(Ok(Message::Text(text))) => Incoming::Text(text.to_string()),
-        Some(Ok(Message::Binary(bytes))) => match String::from_utf8(bytes.to_vec()) {
-            Ok(text) => Incoming::Text(text),
-            Err(_) => Incoming::Text(String::new()),
-        },
+        Some(Ok(Message::Text(text))) => Incoming::Text(text.to_string(), text.len()),
+        Some(Ok(Message::Binary(bytes))) => Incoming::Text(
+            String::from_utf8(bytes.to_vec()).unwrap_or_default(),
+            bytes.len(),
+        ),
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Incoming::Closed,
         Some(Ok(_)) => Incoming::Ignore,
     }
 }
 
-pub async fn run(edge: Arc<Edge>, mut socket: Socket, peer: SocketAddr, slot: PreauthSlot) {
+pub async fn run(
+    edge: Arc<Edge>,
+    mut socket: Socket,
+    peer: SocketAddr,
+    slot: PreauthSlot,
+    guard: Arc<PreauthGuard>,
+) {
     let nonce = uuid::Uuid::new_v4().to_string();
     let challenge = json!({ "nonce": nonce, "ts": now_ms() });
     if !send_text(
@@ -71,7 +79,7 @@ pub async fn run(edge: Arc<Edge>, mut socket: Socket, peer: SocketAddr, slot: Pr
         return;
     }
     let deadline = tokio::time::Instant::now() + edge.config.handshake_timeout;
-    let first = loop {
+    let (first, first_size) = loop {
         let message = tokio::select! {
             message = socket.next() => message,
             () = tokio::time::sleep_until(deadline) => {
@@ -81,12 +89,16 @@ pub async fn run(edge: Arc<Edge>, mut socket: Socket, peer: SocketAddr, slot: Pr
             }
         };
         match incoming(message) {
-            Incoming::Text(text) => break text,
+            Incoming::Text(text, size) => break (text, size),
+            Incoming::Closed if guard.exceeded() => {
+                close(&mut socket, 1009, "preauth payload too large").await;
+                return;
+            }
             Incoming::Closed => return,
             Incoming::Ignore => continue,
         }
     };
-    if first.len() > edge.config.preauth_max_bytes {
+    if first_size > edge.config.preauth_max_bytes {
         close(&mut socket, 1009, "preauth payload too large").await;
         return;
     }
@@ -118,6 +130,7 @@ pub async fn run(edge: Arc<Edge>, mut socket: Socket, peer: SocketAddr, slot: Pr
             return;
         }
     };
+    guard.authenticated();
     slot.release();
     serve_connection(edge, socket, conn, reader).await;
 }
@@ -235,7 +248,7 @@ async fn serve_connection(
                 conn.outbox.broadcast("tick", &json!({ "ts": now_ms() }), false);
             }
             message = socket.next() => match incoming(message) {
-                Incoming::Text(text) => crate::methods::dispatch(&edge, &conn, &text),
+                Incoming::Text(text, _) => crate::methods::dispatch(&edge, &conn, &text),
                 Incoming::Closed => break None,
                 Incoming::Ignore => {}
             },
