@@ -10,6 +10,7 @@ use crate::scopes::KNOWN_SCOPES;
 
 pub const PROTOCOL_VERSION: u64 = 4;
 pub const MIN_PROBE_PROTOCOL: u64 = 3;
+pub const MIN_NODE_PROTOCOL: u64 = 3;
 
 const CLIENT_IDS: &[&str] = &[
     "webchat-ui",
@@ -290,7 +291,11 @@ pub fn negotiate(params: &ConnectParams) -> Result<u64, Rejection> {
     let speaks_current = min <= PROTOCOL_VERSION && PROTOCOL_VERSION <= max;
     let probe =
         params.client_mode == "probe" && max >= MIN_PROBE_PROTOCOL && min <= PROTOCOL_VERSION;
-    if speaks_current || probe {
+    // Nodes may still speak the previous protocol (v4 changed chat deltas only).
+    let node = params.role == "node"
+        && params.client_mode == "node"
+        && (min..=max).contains(&MIN_NODE_PROTOCOL);
+    if speaks_current || probe || node {
         return Ok(PROTOCOL_VERSION);
     }
     let error = ErrorShape::invalid("protocol mismatch").with_details(json!({
