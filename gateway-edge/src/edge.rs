@@ -171,7 +171,24 @@ impl Edge {
         })
     }
 
-    /// Shared-secret authentication. Returns the `hello-ok.auth.method`.
+    /// A device token this edge (or a replica sharing its secret) issued to
+    /// the connecting device, asked for the role and scopes it was issued
+    /// for. The device's signature is checked after this, as for any device.
+    fn device_token_grants(&self, params: &ConnectParams) -> bool {
+        let Some(device) = &params.device else {
+            return false;
+        };
+        let Some(token) = params.auth_str("deviceToken").or(params.auth_str("token")) else {
+            return false;
+        };
+        let Some(issued) = self.device_tokens.verify(token, &device.id) else {
+            return false;
+        };
+        issued.role == params.role && params.scopes.iter().all(|s| issued.scopes.contains(s))
+    }
+
+    /// Shared-secret authentication (or a device token, see above). Returns
+    /// the `hello-ok.auth.method`.
     pub fn authenticate(
         &self,
         params: &ConnectParams,
@@ -199,6 +216,9 @@ impl Edge {
             ),
         };
         let expected = expected.unwrap_or_default();
+        if self.device_token_grants(params) {
+            return Ok("device-token");
+        }
         let outcome = match given {
             None | Some("") => Err(auth_failure(
                 if kind == "token" {
