@@ -44,6 +44,11 @@ pub struct EdgeConfig {
     /// The shared password (auth mode `password`).
     #[arg(long, env = "EDGE_PASSWORD", hide_env_values = true)]
     pub password: Option<String>,
+    /// Secret that signs device tokens; replicas sharing it accept each
+    /// other's tokens and tokens survive restarts. Unset: a random one per
+    /// process.
+    #[arg(long, env = "EDGE_DEVICE_TOKEN_SECRET", hide_env_values = true)]
+    pub device_token_secret: Option<String>,
     /// Time a socket has to complete `connect`.
     #[arg(long, env = "EDGE_HANDSHAKE_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
@@ -105,6 +110,7 @@ impl EdgeConfig {
             auth_mode: AuthMode::Token,
             token: Some(token.to_owned()),
             password: None,
+            device_token_secret: None,
             handshake_timeout: Duration::from_secs(15),
             preauth_max_bytes: 64 * 1024,
             preauth_per_ip: 32,

@@ -103,6 +103,12 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
 
 impl Edge {
     pub fn new(config: EdgeConfig, backends: Backends) -> Arc<Self> {
+        let device_tokens = match &config.device_token_secret {
+            Some(secret) => {
+                crate::device::DeviceTokens::new(Sha256::digest(secret.as_bytes()).into())
+            }
+            None => crate::device::DeviceTokens::random(),
+        };
         Arc::new(Self {
             config,
             backends,
@@ -113,7 +119,7 @@ impl Edge {
             preauth: Mutex::new(HashMap::new()),
             auth_failures: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
-            device_tokens: crate::device::DeviceTokens::random(),
+            device_tokens,
             fanout_ready: std::sync::atomic::AtomicBool::new(false),
         })
     }

@@ -96,3 +96,21 @@ async fn a_device_reconnects_with_its_device_token() {
     assert_eq!(forged["ok"], false);
     system.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_the_secret_accept_each_others_device_tokens() {
+    let system = System::start().await;
+    let mut config = system.edge_config();
+    config.device_token_secret = Some("shared-secret".into());
+    let (url_a, _) = system.edge(config.clone()).await;
+    let (url_b, _) = system.edge(config).await;
+    let key = SigningKey::from_bytes(&[9; 32]);
+    let (_, first) = connect_device(&url_a, &key, json!({ "token": TOKEN })).await;
+    let device_token = first["payload"]["auth"]["deviceToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, on_b) = connect_device(&url_b, &key, json!({ "deviceToken": device_token })).await;
+    assert_eq!(on_b["payload"]["auth"]["method"], "device-token", "{on_b}");
+    system.stop.cancel();
+}
