@@ -12,14 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
-use run_coordinator::Coordinator;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
 use serde_json::{Value, json};
-use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
-use session_store::grpc::client::RemoteStore;
-use session_store::server::{ServeOptions, serve_store};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
@@ -170,18 +166,6 @@ async fn main() {
     };
     let stop = CancellationToken::new();
     let dir = tempfile::tempdir().unwrap();
-    let backend = EmbeddedStore::open(&dir.path().join("bench.redb"), EmbeddedOptions::default())
-        .await
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let store_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(serve_store(
-        Arc::new(backend),
-        ServeOptions::default(),
-        listener,
-        stop.clone().cancelled_owned(),
-    ));
-    let store = RemoteStore::connect(&store_url).await.unwrap();
     let runtime = Arc::new(EchoRuntime::new(EchoConfig {
         chunks: 2,
         pace: Duration::ZERO,
@@ -190,17 +174,10 @@ async fn main() {
         max_executing: 64,
         ..CoordinatorConfig::default()
     };
-    let coordinator = Coordinator::start(Arc::new(store), runtime, config)
+    let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
         .await
         .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let coordinator_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(run_coordinator::server::serve_coordinator(
-        coordinator,
-        Duration::from_secs(5),
-        listener,
-        stop.clone().cancelled_owned(),
-    ));
+    let (store_url, coordinator_url) = (services.store_url, services.coordinator_url);
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

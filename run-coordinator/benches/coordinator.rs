@@ -8,13 +8,8 @@ use std::time::{Duration, Instant};
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
-use run_coordinator::Coordinator;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
-use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
-use session_store::grpc::client::RemoteStore;
-use session_store::server::{ServeOptions, serve_store};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -99,18 +94,6 @@ async fn main() {
     };
     let stop = CancellationToken::new();
     let dir = tempfile::tempdir().unwrap();
-    let backend = EmbeddedStore::open(&dir.path().join("bench.redb"), EmbeddedOptions::default())
-        .await
-        .unwrap();
-    let store_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let store_url = format!("http://{}", store_listener.local_addr().unwrap());
-    tokio::spawn(serve_store(
-        Arc::new(backend),
-        ServeOptions::default(),
-        store_listener,
-        stop.clone().cancelled_owned(),
-    ));
-    let store = RemoteStore::connect(&store_url).await.unwrap();
     // Echo with no pacing: the cost measured is the coordinator's and the store's.
     let runtime = Arc::new(EchoRuntime::new(EchoConfig {
         chunks: 4,
@@ -120,17 +103,10 @@ async fn main() {
         max_executing: 64,
         ..CoordinatorConfig::default()
     };
-    let coordinator = Coordinator::start(Arc::new(store), runtime, config)
+    let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
         .await
         .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(run_coordinator::server::serve_coordinator(
-        coordinator,
-        Duration::from_secs(5),
-        listener,
-        stop.clone().cancelled_owned(),
-    ));
+    let address = services.coordinator_url;
 
     println!("| concurrency | Submit ACK p50 µs | ACK p99 µs | completed runs/s |");
     println!("|---|---|---|---|");

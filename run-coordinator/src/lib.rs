@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 mod executor;
 pub mod grpc;
+pub mod local;
 pub mod model;
 mod recovery;
 pub mod run;

@@ -10,14 +10,10 @@ use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
 use gateway_edge::config::EdgeConfig;
 use gateway_edge::edge::{Backends, Edge};
-use run_coordinator::Coordinator;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
 use run_coordinator::runtime::{AgentRuntime, RuntimeError, RuntimeRequest, RuntimeStream};
 use serde_json::{Value, json};
-use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
-use session_store::grpc::client::RemoteStore;
-use session_store::server::{ServeOptions, serve_store};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -69,33 +65,13 @@ impl System {
     pub async fn start_with(config: CoordinatorConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let stop = CancellationToken::new();
-        let backend =
-            EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
-                .await
-                .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let store_url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(serve_store(
-            Arc::new(backend),
-            ServeOptions::default(),
-            listener,
-            stop.clone().cancelled_owned(),
-        ));
-        let store = RemoteStore::connect(&store_url).await.unwrap();
         let runtime = Arc::new(StubRuntime {
             echo: EchoRuntime::new(EchoConfig::default()),
         });
-        let coordinator = Coordinator::start(Arc::new(store), runtime, config)
+        let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
             .await
             .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let coordinator_url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(run_coordinator::server::serve_coordinator(
-            coordinator,
-            Duration::from_secs(5),
-            listener,
-            stop.clone().cancelled_owned(),
-        ));
+        let (store_url, coordinator_url) = (services.store_url, services.coordinator_url);
         Self {
             store_url,
             coordinator_url,

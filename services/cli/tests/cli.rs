@@ -9,13 +9,9 @@ use std::time::Duration;
 
 use gateway_edge::config::EdgeConfig;
 use gateway_edge::edge::{Backends, Edge};
-use run_coordinator::Coordinator;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
 use serde_json::Value;
-use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
-use session_store::grpc::client::RemoteStore;
-use session_store::server::{ServeOptions, serve_store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
@@ -33,34 +29,16 @@ struct System {
 impl System {
     async fn start(echo: EchoConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let backend =
-            EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
-                .await
-                .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let store_url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(serve_store(
-            Arc::new(backend),
-            ServeOptions::default(),
-            listener,
-            pending(),
-        ));
-        let store = RemoteStore::connect(&store_url).await.unwrap();
-        let coordinator = Coordinator::start(
-            Arc::new(store),
+        // Never stopped: the servers live as long as the test runtime.
+        let services = run_coordinator::local::spawn(
+            dir.path(),
             Arc::new(EchoRuntime::new(echo)),
             CoordinatorConfig::default(),
+            tokio_util::sync::CancellationToken::new(),
         )
         .await
         .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let coordinator_url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(run_coordinator::server::serve_coordinator(
-            coordinator,
-            Duration::from_secs(5),
-            listener,
-            pending(),
-        ));
+        let (store_url, coordinator_url) = (services.store_url, services.coordinator_url);
         let config = EdgeConfig::with_token(coordinator_url, store_url, TOKEN);
         let backends =
             Backends::connect_lazy(&config.coordinator_address, &config.store_address).unwrap();

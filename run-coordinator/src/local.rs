@@ -1,0 +1,59 @@
+//! The store and the coordinator as two gRPC servers on loopback port 0, in
+//! this process, for tests, benchmarks and examples: the coordinator reaches
+//! the store over gRPC, exactly as in a deployment.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
+use session_store::grpc::client::RemoteStore;
+use session_store::server::{ServeOptions, serve_store};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::CoordinatorConfig;
+use crate::coordinator::Coordinator;
+use crate::runtime::AgentRuntime;
+
+pub struct LocalServices {
+    /// `http://127.0.0.1:<port>` of the session store.
+    pub store_url: String,
+    /// `http://127.0.0.1:<port>` of the run coordinator.
+    pub coordinator_url: String,
+    pub coordinator: Coordinator,
+}
+
+/// Starts an embedded store in `dir` and a coordinator in front of it; both
+/// serve until `stop` fires.
+pub async fn spawn(
+    dir: &Path,
+    runtime: Arc<dyn AgentRuntime>,
+    config: CoordinatorConfig,
+    stop: CancellationToken,
+) -> anyhow::Result<LocalServices> {
+    let backend = EmbeddedStore::open(&dir.join("store.redb"), EmbeddedOptions::default()).await?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let store_url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(serve_store(
+        Arc::new(backend),
+        ServeOptions::default(),
+        listener,
+        stop.clone().cancelled_owned(),
+    ));
+    let store = RemoteStore::connect(&store_url).await?;
+    let coordinator = Coordinator::start(Arc::new(store), runtime, config).await?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let coordinator_url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(crate::server::serve_coordinator(
+        coordinator.clone(),
+        Duration::from_secs(5),
+        listener,
+        stop.cancelled_owned(),
+    ));
+    Ok(LocalServices {
+        store_url,
+        coordinator_url,
+        coordinator,
+    })
+}
