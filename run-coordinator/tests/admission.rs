@@ -6,24 +6,7 @@ mod common;
 use clawgate_proto::run_coordinator::v1 as pb;
 use common::*;
 use run_coordinator::config::CoordinatorConfig;
-use session_store::SessionKey;
-use session_store::SessionStore;
-use session_store::model::{HistoryCursor, HistoryQuery, RunStatus};
-
-async fn transcript(cluster: &Cluster, key: &str) -> Vec<session_store::model::TranscriptEntry> {
-    cluster
-        .store
-        .history(HistoryQuery {
-            key: SessionKey::parse(key).unwrap(),
-            limit: 1000,
-            cursor: HistoryCursor::After(0),
-            max_chars: None,
-            session_id: None,
-        })
-        .await
-        .unwrap()
-        .entries
-}
+use session_store::model::RunStatus;
 
 async fn same_key_during_a_run_is_in_flight(backend: Backend) {
     let runtime = Recording::echo(40, 4);

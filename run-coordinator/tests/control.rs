@@ -8,29 +8,12 @@ use std::time::Duration;
 use clawgate_proto::run_coordinator::v1 as pb;
 use common::*;
 use run_coordinator::config::CoordinatorConfig;
-use session_store::model::{
-    AppendEntries, EntryMetadata, HistoryCursor, HistoryQuery, NewEntry, RunStatus,
-};
+use session_store::model::{AppendEntries, EntryMetadata, NewEntry, RunStatus};
 use session_store::{SessionKey, SessionStore};
 
 fn with_options(mut req: pb::SubmitRequest, options: serde_json::Value) -> pb::SubmitRequest {
     req.options_json = options.to_string();
     req
-}
-
-async fn entries(cluster: &Cluster, key: &str) -> Vec<session_store::model::TranscriptEntry> {
-    cluster
-        .store
-        .history(HistoryQuery {
-            key: SessionKey::parse(key).unwrap(),
-            limit: 1000,
-            cursor: HistoryCursor::After(0),
-            max_chars: None,
-            session_id: None,
-        })
-        .await
-        .unwrap()
-        .entries
 }
 
 /// Waits until the run has streamed some assistant text.
@@ -101,7 +84,7 @@ async fn seed_c_interrupt_supersedes_the_active_run() {
         .unwrap_err();
     assert_eq!(late.code(), "STALE_WRITER");
     // The transcript: old's user turn, then new's turn; nothing of old after.
-    let roles: Vec<(String, String)> = entries(&cluster, "main")
+    let roles: Vec<(String, String)> = transcript(&cluster, "main")
         .await
         .into_iter()
         .map(|e| (e.run_id, e.role))
@@ -203,7 +186,7 @@ async fn cancel_queued_and_running_runs() {
     );
 
     // The partial assistant text is in the transcript, marked aborted.
-    let last = entries(&cluster, "main").await.pop().unwrap();
+    let last = transcript(&cluster, "main").await.pop().unwrap();
     assert_eq!(last.run_id, "running");
     assert_eq!(last.role, "assistant");
     assert!(last.metadata.aborted);

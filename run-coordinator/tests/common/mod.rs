@@ -311,3 +311,24 @@ pub fn counts(executions: &[Execution]) -> HashMap<String, usize> {
     }
     counts
 }
+
+/// A session's whole current transcript, read from the store.
+pub async fn transcript(
+    cluster: &Cluster,
+    key: &str,
+) -> Vec<session_store::model::TranscriptEntry> {
+    use session_store::SessionStore;
+    use session_store::model::{HistoryCursor, HistoryQuery};
+    cluster
+        .store
+        .history(HistoryQuery {
+            key: session_store::SessionKey::parse(key).unwrap(),
+            limit: 1000,
+            cursor: HistoryCursor::After(0),
+            max_chars: None,
+            session_id: None,
+        })
+        .await
+        .unwrap()
+        .entries
+}
