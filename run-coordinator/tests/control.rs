@@ -8,8 +8,8 @@ use std::time::Duration;
 use clawgate_proto::run_coordinator::v1 as pb;
 use common::*;
 use run_coordinator::config::CoordinatorConfig;
-use session_store::model::{AppendEntries, EntryMetadata, NewEntry, RunStatus};
-use session_store::{SessionKey, SessionStore};
+use session_store::SessionStore;
+use session_store::model::RunStatus;
 
 fn with_options(mut req: pb::SubmitRequest, options: serde_json::Value) -> pb::SubmitRequest {
     req.options_json = options.to_string();
@@ -66,20 +66,7 @@ async fn seed_c_interrupt_supersedes_the_active_run() {
     assert!(new_done.fence_token.unwrap() > old_running.fence_token.unwrap());
 
     // A late append with the old fence is refused by the store.
-    let late = cluster
-        .store
-        .append(AppendEntries {
-            key: SessionKey::parse("main").unwrap(),
-            session_id: old_running.session_id.as_deref().unwrap().parse().unwrap(),
-            run_id: "old".into(),
-            fence_token: old_running.fence_token.unwrap(),
-            entries: vec![NewEntry {
-                role: "assistant".into(),
-                content_json: "[]".into(),
-                timestamp_ms: None,
-                metadata: EntryMetadata::default(),
-            }],
-        })
+    let late = append_with_fence_of(&cluster.store, &old_running)
         .await
         .unwrap_err();
     assert_eq!(late.code(), "STALE_WRITER");
@@ -138,37 +125,16 @@ async fn cancel_queued_and_running_runs() {
     until_text(&cluster, "running").await;
 
     // Cancel while queued: aborted, never executed.
-    let cancelled = client
-        .cancel(pb::CancelRequest {
-            target: Some(pb::cancel_request::Target::RunId("queued".into())),
-            requester: "tester".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let cancelled = cancel_run(&mut client, "queued").await;
     assert_eq!(status(&cancelled.runs[0]), RunStatus::Aborted);
     // Cancel while running (the runtime ignores it and would finish "ok").
-    let cancelled = client
-        .cancel(pb::CancelRequest {
-            target: Some(pb::cancel_request::Target::RunId("running".into())),
-            requester: "tester".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let cancelled = cancel_run(&mut client, "running").await;
     let aborted = &cancelled.runs[0];
     assert_eq!(status(aborted), RunStatus::Aborted);
     assert!(!aborted.text.is_empty(), "partial text kept");
 
     // Cancelling again changes nothing; so does the runtime's late success.
-    let again = client
-        .cancel(pb::CancelRequest {
-            target: Some(pb::cancel_request::Target::RunId("running".into())),
-            requester: "tester".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = cancel_run(&mut client, "running").await;
     assert_eq!(again.runs[0], *aborted);
     let record = cluster.store.get_run("running").await.unwrap().unwrap();
     assert_eq!(record.status, RunStatus::Aborted);

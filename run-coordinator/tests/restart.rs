@@ -15,8 +15,7 @@ use common::*;
 use run_coordinator::runtime::grpc::serve_runtime;
 use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
 use session_store::grpc::client::RemoteStore;
-use session_store::model::{AppendEntries, EntryMetadata, NewEntry, RunStatus};
-use session_store::{SessionKey, SessionStore};
+use session_store::model::RunStatus;
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
@@ -131,21 +130,7 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest() {
     assert_eq!(again.admission, pb::Admission::Completed as i32);
     assert_eq!(status(again.snapshot.as_ref().unwrap()), RunStatus::Lost);
     // The zombie's fence no longer writes.
-    let stale = store
-        .append(AppendEntries {
-            key: SessionKey::parse("main").unwrap(),
-            session_id: running.session_id.as_deref().unwrap().parse().unwrap(),
-            run_id: "doomed".into(),
-            fence_token: running.fence_token.unwrap(),
-            entries: vec![NewEntry {
-                role: "assistant".into(),
-                content_json: "[]".into(),
-                timestamp_ms: None,
-                metadata: EntryMetadata::default(),
-            }],
-        })
-        .await
-        .unwrap_err();
+    let stale = append_with_fence_of(&store, &running).await.unwrap_err();
     assert_eq!(stale.code(), "STALE_WRITER");
     // The queued runs ran after the restart, exactly once each.
     for id in ["queued-same", "queued-other"] {

@@ -332,3 +332,42 @@ pub async fn transcript(
         .unwrap()
         .entries
 }
+
+/// Cancels one run by id; the snapshots the coordinator answers with.
+pub async fn cancel_run(
+    client: &mut RunCoordinatorClient<Channel>,
+    run_id: &str,
+) -> pb::CancelResponse {
+    client
+        .cancel(pb::CancelRequest {
+            target: Some(pb::cancel_request::Target::RunId(run_id.into())),
+            requester: "tester".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Appends an empty assistant entry with the session and fence `snapshot`
+/// held: what a zombie or superseded executor would try.
+pub async fn append_with_fence_of(
+    store: &RemoteStore,
+    snapshot: &pb::RunSnapshot,
+) -> session_store::StoreResult<session_store::model::Appended> {
+    use session_store::SessionStore;
+    use session_store::model::{AppendEntries, EntryMetadata, NewEntry};
+    store
+        .append(AppendEntries {
+            key: session_store::SessionKey::parse(&snapshot.session_key).unwrap(),
+            session_id: snapshot.session_id.as_deref().unwrap().parse().unwrap(),
+            run_id: snapshot.run_id.clone(),
+            fence_token: snapshot.fence_token.unwrap(),
+            entries: vec![NewEntry {
+                role: "assistant".into(),
+                content_json: "[]".into(),
+                timestamp_ms: None,
+                metadata: EntryMetadata::default(),
+            }],
+        })
+        .await
+}
