@@ -39,10 +39,6 @@ const CONCURRENCY: usize = 8;
 /// The longest any single step may take.
 const STEP: Duration = Duration::from_secs(5);
 
-const READ: &str = "operator.read";
-const WRITE: &str = "operator.write";
-const ADMIN: &str = "operator.admin";
-
 // ---------------------------------------------------------------------------
 // The generator
 // ---------------------------------------------------------------------------
@@ -496,32 +492,6 @@ fn preauth_frame(rng: &mut Rng, n: usize) -> Frame {
 // ---------------------------------------------------------------------------
 // The oracle (from the spec, not from the edge's code)
 // ---------------------------------------------------------------------------
-
-/// §7, plus this edge's `runs.resume` (read). `None`: exempt.
-fn required_scope(method: &str) -> Option<&'static str> {
-    match method {
-        "health" => None,
-        "status"
-        | "agents.list"
-        | "chat.history"
-        | "sessions.list"
-        | "sessions.subscribe"
-        | "sessions.unsubscribe"
-        | "runs.resume"
-        | "system-presence"
-        | "config.get" => Some(READ),
-        "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.send" => Some(WRITE),
-        _ => Some(ADMIN),
-    }
-}
-
-fn grants(held: Option<&str>, required: Option<&str>) -> bool {
-    match (held, required) {
-        (_, None) | (Some(ADMIN), _) => true,
-        (Some(held), Some(required)) => held == required || (required == READ && held == WRITE),
-        (None, Some(_)) => false,
-    }
-}
 
 /// Served methods whose params are not validated (garbage is fine).
 const LENIENT: &[&str] = &[

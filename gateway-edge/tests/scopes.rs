@@ -17,39 +17,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-const READ: &str = "operator.read";
-const WRITE: &str = "operator.write";
-const ADMIN: &str = "operator.admin";
-
-/// The spec's table (§7, plus this edge's `runs.resume` extension, read):
-/// `None` is exempt.
-fn required_scope(method: &str) -> Option<&'static str> {
-    match method {
-        "health" => None,
-        "status"
-        | "agents.list"
-        | "chat.history"
-        | "sessions.list"
-        | "sessions.subscribe"
-        | "sessions.unsubscribe"
-        | "runs.resume"
-        | "system-presence"
-        | "config.get" => Some(READ),
-        "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.send" => Some(WRITE),
-        "sessions.reset" | "sessions.delete" | "connect" | "config.set" => Some(ADMIN),
-        _ => Some(ADMIN),
-    }
-}
-
-fn grants(held: Option<&str>, required: Option<&str>) -> bool {
-    match (held, required) {
-        (_, None) => true,
-        (Some(ADMIN), _) => true,
-        (Some(held), Some(required)) => held == required || (required == READ && held == WRITE),
-        (None, Some(_)) => false,
-    }
-}
-
 fn forbidden(id: &str, scope: &str) -> Value {
     json!({
         "type": "res", "id": id, "ok": false,

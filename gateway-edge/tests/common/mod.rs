@@ -285,3 +285,37 @@ pub fn connect_params(scopes: &[&str]) -> Value {
         "caps": [], "auth": { "token": TOKEN }, "role": "operator", "scopes": scopes,
     })
 }
+
+pub const READ: &str = "operator.read";
+pub const WRITE: &str = "operator.write";
+pub const ADMIN: &str = "operator.admin";
+
+/// The scope a method needs per the protocol's table (§7, plus this edge's
+/// `runs.resume` extension, read); `None` is exempt. Written from the spec,
+/// not from the edge's code, so tests check the edge against it.
+pub fn required_scope(method: &str) -> Option<&'static str> {
+    match method {
+        "health" => None,
+        "status"
+        | "agents.list"
+        | "chat.history"
+        | "sessions.list"
+        | "sessions.subscribe"
+        | "sessions.unsubscribe"
+        | "runs.resume"
+        | "system-presence"
+        | "config.get" => Some(READ),
+        "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.send" => Some(WRITE),
+        _ => Some(ADMIN),
+    }
+}
+
+/// Whether a connection holding the one scope `held` may call a method that
+/// needs `required` (admin covers all, write covers read).
+pub fn grants(held: Option<&str>, required: Option<&str>) -> bool {
+    match (held, required) {
+        (_, None) | (Some(ADMIN), _) => true,
+        (Some(held), Some(required)) => held == required || (required == READ && held == WRITE),
+        (None, Some(_)) => false,
+    }
+}
