@@ -1,0 +1,1 @@
+//! Prometheus metrics: the `/metrics` endpoint and shared helpers.
