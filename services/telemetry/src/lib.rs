@@ -1,5 +1,225 @@
 //! Observability shared by every clawgate service: logs, OpenTelemetry
 //! traces exported over OTLP/gRPC, W3C trace-context propagation as tower
 //! layers, and Prometheus metrics.
+//!
+//! [`init`] reads the standard variables: `RUST_LOG` (log filter, default
+//! `info`), `LOG_FORMAT` (`text` or `json`), `OTEL_EXPORTER_OTLP_ENDPOINT` /
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (no endpoint: no exporter, no trace
+//! layer, no cost), `OTEL_SDK_DISABLED`, `OTEL_TRACES_EXPORTER=none`,
+//! `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER(_ARG)`,
+//! `OTEL_BSP_*`, plus `CLAWGATE_TRACE_FILTER` (which spans are exported).
 
+pub mod export;
+pub mod grpc;
+mod logs;
 pub mod metrics;
+pub mod propagation;
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _};
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+pub use export::ExportCounters;
+pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, TracedChannel, traced_channel};
+
+/// Spans exported unless `CLAWGATE_TRACE_FILTER` says otherwise: the gRPC
+/// layer's spans (debug, so that they never reach the logs) and the
+/// services' own spans and the events inside them.
+const DEFAULT_TRACE_FILTER: &str = "clawgate_telemetry=debug,gateway_edge=info,\
+    run_coordinator=info,session_store=info,clawgate=info";
+
+/// Log output format (`LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Where spans go, decided from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSettings {
+    /// `service.name` unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` name one.
+    pub default_service_name: String,
+    /// Whether any exporter is configured.
+    pub export: bool,
+    pub filter: String,
+    pub queue: export::QueueSettings,
+}
+
+impl TraceSettings {
+    pub fn from_lookup(
+        default_service_name: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Self {
+        let set = |name: &str| lookup(name).is_some_and(|v| !v.trim().is_empty());
+        let disabled = lookup("OTEL_SDK_DISABLED")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+            || lookup("OTEL_TRACES_EXPORTER")
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
+        let endpoint =
+            set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+        Self {
+            default_service_name: default_service_name.to_owned(),
+            export: endpoint && !disabled,
+            filter: lookup("CLAWGATE_TRACE_FILTER")
+                .filter(|f| !f.trim().is_empty())
+                .unwrap_or_else(|| DEFAULT_TRACE_FILTER.to_owned()),
+            queue: export::QueueSettings::from_lookup(&lookup),
+        }
+    }
+}
+
+/// The installed telemetry; shut it down at exit so queued spans leave.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+    flush: Option<export::FlushHandle>,
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Exports what is queued (at most `limit`), then stops the exporter.
+    pub async fn shutdown(self, limit: Duration) {
+        if let Some(flush) = &self.flush {
+            flush.flush(limit).await;
+        }
+        if let Some(provider) = self.provider {
+            let _ = provider.shutdown();
+        }
+    }
+}
+
+/// Installs logging and, when an OTLP endpoint is configured, tracing for
+/// `service` (the default `service.name`). Must run inside a tokio runtime.
+/// Panics if a global subscriber is already installed or the exporter
+/// configuration is invalid: a service must not start half-observed.
+pub fn init(service: &str) -> Telemetry {
+    try_init(service).unwrap_or_else(|e| panic!("telemetry set-up failed: {e:#}"))
+}
+
+/// [`init`], reporting failures.
+pub fn try_init(service: &str) -> anyhow::Result<Telemetry> {
+    let settings = TraceSettings::from_lookup(service, |name| std::env::var(name).ok());
+    let format = match std::env::var("LOG_FORMAT").as_deref().map(str::trim) {
+        Ok("json") => LogFormat::Json,
+        Ok("" | "text") | Err(_) => LogFormat::Text,
+        Ok(other) => anyhow::bail!("LOG_FORMAT must be text or json, not {other:?}"),
+    };
+    let log_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let fmt = logs::layer(format, settings.export).with_filter(log_filter);
+
+    propagation::install_propagator();
+    let (provider, flush, trace_layer) = if settings.export {
+        let filter: Targets = settings
+            .filter
+            .parse()
+            .map_err(|e| anyhow::anyhow!("CLAWGATE_TRACE_FILTER: {e}"))?;
+        let (provider, flush) = tracer_provider(&settings)?;
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("clawgate"))
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_filter(filter);
+        (Some(provider), Some(flush), Some(layer))
+    } else {
+        (None, None, None)
+    };
+    tracing_subscriber::registry()
+        .with(fmt.boxed())
+        .with(trace_layer)
+        .try_init()?;
+    Ok(Telemetry { provider, flush })
+}
+
+fn tracer_provider(
+    settings: &TraceSettings,
+) -> anyhow::Result<(SdkTracerProvider, export::FlushHandle)> {
+    let resource = resource(&settings.default_service_name);
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()?;
+    exporter.set_resource(&resource);
+    let (processor, flush) = export::QueueProcessor::spawn(
+        exporter,
+        settings.queue.clone(),
+        ExportCounters::global().clone(),
+    );
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(resource)
+        .build();
+    Ok((provider, flush))
+}
+
+/// `service.name` from `OTEL_SERVICE_NAME`, else `OTEL_RESOURCE_ATTRIBUTES`,
+/// else the service's own name; plus its version and a per-process
+/// instance id, so replicas tell apart.
+fn resource(default_service_name: &str) -> Resource {
+    let named_by_env = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty())
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|attrs| {
+            attrs
+                .split(',')
+                .any(|kv| kv.trim().starts_with("service.name="))
+        });
+    let builder = Resource::builder().with_attributes([
+        opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+        opentelemetry::KeyValue::new(
+            "service.instance.id",
+            uuid::Uuid::new_v4().simple().to_string(),
+        ),
+    ]);
+    if named_by_env {
+        builder.build()
+    } else {
+        builder
+            .with_service_name(default_service_name.to_owned())
+            .build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(vars: &[(&str, &str)]) -> TraceSettings {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        TraceSettings::from_lookup("svc", |name| {
+            vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn no_endpoint_means_no_exporter() {
+        assert!(!settings(&[]).export);
+        assert!(!settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]).export);
+        assert!(settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")]).export);
+        assert!(settings(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4317")]).export);
+    }
+
+    #[test]
+    fn exporting_can_be_switched_off() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317");
+        assert!(!settings(&[endpoint, ("OTEL_SDK_DISABLED", "true")]).export);
+        assert!(!settings(&[endpoint, ("OTEL_TRACES_EXPORTER", "none")]).export);
+        assert!(settings(&[endpoint, ("OTEL_TRACES_EXPORTER", "otlp")]).export);
+    }
+
+    #[test]
+    fn the_default_trace_filter_parses() {
+        let filter: Result<Targets, _> = settings(&[]).filter.parse();
+        assert!(filter.is_ok());
+    }
+}
