@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+use clawgate_telemetry::{TracedChannel, traced_channel};
 use session_store::grpc::client::RemoteStore;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::config::{AuthMode, EdgeConfig};
 use crate::conn::Conn;
@@ -22,18 +23,18 @@ use crate::handshake::{ConnectParams, Rejection, auth_failure};
 /// The gRPC services behind the edge.
 #[derive(Clone)]
 pub struct Backends {
-    pub coordinator: RunCoordinatorClient<Channel>,
+    pub coordinator: RunCoordinatorClient<TracedChannel>,
     pub store: RemoteStore,
 }
 
 impl Backends {
     /// Lazy channels: the edge starts even if its backends are not up yet.
     pub fn connect_lazy(coordinator: &str, store: &str) -> anyhow::Result<Self> {
-        let channel = |address: &str| -> anyhow::Result<Channel> {
-            Ok(Endpoint::from_shared(address.to_owned())?
+        let channel = |address: &str| -> anyhow::Result<TracedChannel> {
+            let endpoint = Endpoint::from_shared(address.to_owned())?
                 .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(5))
-                .connect_lazy())
+                .connect_timeout(Duration::from_secs(5));
+            Ok(traced_channel(endpoint.connect_lazy(), endpoint.uri()))
         };
         Ok(Self {
             coordinator: RunCoordinatorClient::new(channel(coordinator)?)

@@ -5,7 +5,7 @@
 //! connection's life), `handshake` + `identity` + `device` (connect),
 //! `scopes` (authorization), `methods` + `params` (the served methods),
 //! `fanout` (run events to clients), `conn` (outbox with the slow-consumer
-//! policy), `frames` (the wire shapes).
+//! policy), `frames` (the wire shapes), `trace` (a span per request).
 
 pub mod config;
 pub mod conn;
@@ -21,3 +21,4 @@ pub mod preauth_io;
 pub mod scopes;
 pub mod server;
 pub mod socket;
+pub mod trace;

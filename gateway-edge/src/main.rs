@@ -17,9 +17,12 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    clawgate_common::init_logging();
+    let telemetry = clawgate_telemetry::init("clawgate-gateway-edge");
     let config = Cli::parse().config;
     config.check()?;
     let listener = TcpListener::bind(config.listen).await?;
-    gateway_edge::server::serve(config, listener, clawgate_common::shutdown_signal()).await
+    let served =
+        gateway_edge::server::serve(config, listener, clawgate_common::shutdown_signal()).await;
+    telemetry.shutdown(clawgate_telemetry::SHUTDOWN_FLUSH).await;
+    served
 }

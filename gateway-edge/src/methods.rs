@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use session_store::model::{HistoryCursor, HistoryQuery, ListQuery};
 use session_store::store::now_ms;
 use session_store::{SessionKey, SessionStore};
+use tracing::Instrument;
 
 use crate::conn::Conn;
 use crate::edge::Edge;
@@ -17,6 +18,7 @@ use crate::fanout::{self, RunMemory, status_name, stop_reason_for};
 use crate::frames::{self, ErrorShape, FrameError, Request, parse_request};
 use crate::params::Params;
 use crate::scopes::authorize;
+use crate::trace;
 
 /// Methods this edge serves (advertised in `hello-ok.features.methods`).
 pub const SERVED_METHODS: &[&str] = &[
@@ -78,10 +80,17 @@ pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
         return;
     }
     let (edge, conn) = (edge.clone(), conn.clone());
-    tokio::spawn(async move {
-        let answer = handle(&edge, &conn, &request).await;
-        reply(&conn, &request.id, answer);
-    });
+    let span = trace::request_span(&request);
+    tokio::spawn(
+        async move {
+            let answer = handle(&edge, &conn, &request).await;
+            if let Err((error, _)) = &answer {
+                trace::record_error(error);
+            }
+            reply(&conn, &request.id, answer);
+        }
+        .instrument(span),
+    );
 }
 
 fn reply(conn: &Conn, id: &str, answer: Answer) {
@@ -157,8 +166,10 @@ fn store_error(err: session_store::StoreError) -> (ErrorShape, Option<Value>) {
 }
 
 fn key_for(method: &str, raw: &str) -> Result<SessionKey, (ErrorShape, Option<Value>)> {
-    SessionKey::parse(raw)
-        .map_err(|e| fail(ErrorShape::invalid(format!("invalid {method} params: {e}"))))
+    let key = SessionKey::parse(raw)
+        .map_err(|e| fail(ErrorShape::invalid(format!("invalid {method} params: {e}"))))?;
+    trace::record_session(key.as_str());
+    Ok(key)
 }
 
 async fn health(edge: &Arc<Edge>) -> Answer {
@@ -323,6 +334,7 @@ async fn agent(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer 
     let p = Params::new("agent", &request.params, AGENT_KEYS).map_err(fail)?;
     let message = p.required_non_empty("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
+    trace::record_run(key);
     if let Some(agent_id) = p.optional_non_empty("agentId").map_err(fail)?
         && agent_id != "main"
     {
@@ -386,6 +398,7 @@ async fn agent(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer 
 async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
     let p = Params::new("agent.wait", params, &["runId", "timeoutMs"]).map_err(fail)?;
     let run_id = p.required_non_empty("runId").map_err(fail)?;
+    trace::record_run(run_id);
     let timeout_ms = p
         .integer("timeoutMs", 0, 24 * 3600 * 1000)
         .map_err(fail)?
@@ -457,6 +470,7 @@ async fn chat_send(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer
     let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
     let message = p.required_string("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
+    trace::record_run(key);
     if message.contains('\0') {
         return Err(fail(ErrorShape::invalid(
             "message must not contain null bytes",
@@ -539,6 +553,9 @@ async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answe
         p.required_non_empty("sessionKey").map_err(fail)?,
     )?;
     let run_id = p.optional_non_empty("runId").map_err(fail)?;
+    if let Some(run_id) = run_id {
+        trace::record_run(run_id);
+    }
     let mut coordinator = edge.backends.coordinator.clone();
     let candidates: Vec<pb::RunSnapshot> = match run_id {
         Some(run_id) => {
@@ -782,6 +799,7 @@ async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer {
 async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
     let p = Params::new("runs.resume", params, &["runId", "fromSeq", "epoch"]).map_err(fail)?;
     let run_id = p.required_non_empty("runId").map_err(fail)?.to_owned();
+    trace::record_run(&run_id);
     let from_seq = p
         .integer("fromSeq", 0, u64::MAX >> 1)
         .map_err(fail)?

@@ -16,6 +16,7 @@ use session_store::{SessionKey, SessionStore, StoreError};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, CoordinatorResult};
@@ -25,6 +26,7 @@ use crate::events::{
 use crate::model::*;
 use crate::run::{Decision, Phase, Run};
 use crate::runtime::AgentRuntime;
+use crate::trace;
 
 #[derive(Default)]
 struct Lane {
@@ -152,6 +154,9 @@ impl Coordinator {
         after_seq: u64,
         epoch: Option<&str>,
     ) -> Result<RunSubscription, StreamReset> {
+        if let Some(run) = self.inner.lock().runs.get(run_id).cloned() {
+            trace::link_current_to(&run);
+        }
         self.inner.hub.subscribe_run(run_id, after_seq, epoch)
     }
 
@@ -251,6 +256,21 @@ impl Inner {
     }
 
     async fn submit(self: &Arc<Self>, req: SubmitRequest) -> CoordinatorResult<Submitted> {
+        let span = trace::admit_span(&req.run_id, req.session_key.as_str());
+        let submitted = self.submit_traced(req).instrument(span.clone()).await;
+        let outcome = match &submitted {
+            Ok(done) => match done.admission {
+                Admission::Accepted => "accepted",
+                Admission::InFlight => "in_flight",
+                Admission::Completed => "completed",
+            },
+            Err(_) => "rejected",
+        };
+        span.in_scope(|| trace::record_admission(outcome));
+        submitted
+    }
+
+    async fn submit_traced(self: &Arc<Self>, req: SubmitRequest) -> CoordinatorResult<Submitted> {
         self.validate(&req)?;
         let fingerprint = fingerprint(&req.session_key, &req.spec);
         let run = loop {
@@ -279,6 +299,7 @@ impl Inner {
                             now_ms(),
                             self.epoch.clone(),
                         ));
+                        run.trace.admitted_in(&tracing::Span::current());
                         state.runs.insert(req.run_id.clone(), run.clone());
                         break run;
                     }
@@ -415,11 +436,14 @@ impl Inner {
     pub(crate) fn enqueue_queued(&self, state: &mut State, run: &Arc<Run>) {
         run.state().phase = Phase::Queued;
         self.enqueue(state, run);
+        let queue_position = Self::queue_position(state, run);
+        run.trace.queue(&run.id, queue_position);
+        trace::status_event(run, RunStatus::Queued);
         self.emit(
             run,
             EventBody::Status {
                 status: RunStatus::Queued,
-                queue_position: Self::queue_position(state, run),
+                queue_position,
             },
         );
     }
@@ -435,6 +459,7 @@ impl Inner {
                 // The old run keeps its cap slot until its executor is done;
                 // the new run takes its fence over.
                 old.decide(Decision::superseded(Some(run.id.clone())));
+                old.trace.superseded_by(&run.trace);
             }
             let lane = state.lanes.get_mut(&run.key).expect("created above");
             lane.queued.push_front(run.id.clone());
@@ -470,6 +495,7 @@ impl Inner {
                 run_state.phase = Phase::Running;
                 run_state.holds_slot = true;
                 drop(run_state);
+                run.trace.dequeued();
                 started.push(run);
             } else {
                 index += 1;
@@ -550,6 +576,7 @@ impl Inner {
         let until = Instant::now() + timeout;
         loop {
             if let Some(run) = self.find(run_id).await? {
+                trace::link_current_to(&run);
                 if let Some(done) = run.terminal_snapshot() {
                     return Ok(WaitResult {
                         terminal: true,
@@ -621,6 +648,7 @@ impl Inner {
     }
 
     async fn cancel_one(self: &Arc<Self>, run: &Arc<Run>) -> RunSnapshot {
+        trace::link_current_to(run);
         run.admission_done().await;
         let phase = {
             let mut state = self.lock();
@@ -632,6 +660,7 @@ impl Inner {
                 }
                 state.waiting.retain(|id| *id != run.id);
                 run.state().phase = Phase::Finishing;
+                run.trace.dequeued();
             }
             phase
         };
@@ -692,6 +721,7 @@ impl Inner {
             let state = run.state();
             (state.status, state.outcome.clone())
         };
+        trace::status_event(run, status);
         let phase = if status == RunStatus::Error || status == RunStatus::Lost {
             LifecyclePhase::Error
         } else {

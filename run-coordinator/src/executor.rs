@@ -17,12 +17,14 @@ use session_store::model::{
 };
 use session_store::store::now_ms;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::coordinator::Inner;
 use crate::events::{EventBody, LifecyclePhase, ToolPhase};
 use crate::model::{QueueMode, RunStatus};
 use crate::run::{Decision, Run};
 use crate::runtime::{HistoryMessage, RuntimeEvent, RuntimeRequest, Usage};
+use crate::trace;
 
 /// What the executor holds once it has the fence.
 struct Held {
@@ -93,16 +95,22 @@ fn text_entry(role: &str, content_json: String, metadata: EntryMetadata) -> NewE
 
 impl Inner {
     pub(crate) async fn execute(self: Arc<Self>, run: Arc<Run>) {
-        let held = self.drive(&run).await;
-        if let Some(held) = held {
-            // Best effort: the slot is conditional on (run, fence), and a
-            // stale release changes nothing.
-            let _ = self
-                .store
-                .release_writer(&run.key, &run.id, held.fence)
-                .await;
+        let span = trace::execute_span(&run);
+        async {
+            let held = self.drive(&run).await;
+            if let Some(held) = held {
+                // Best effort: the slot is conditional on (run, fence), and a
+                // stale release changes nothing.
+                let _ = self
+                    .store
+                    .release_writer(&run.key, &run.id, held.fence)
+                    .await;
+            }
+            self.finish(&run).await;
         }
-        self.finish(&run).await;
+        .instrument(span)
+        .await;
+        trace::execution_done(&run);
     }
 
     /// Runs the turn. Returns the fence if it took one. Every way out leaves
@@ -124,7 +132,15 @@ impl Inner {
         if run.cancel.is_cancelled() {
             return None;
         }
-        let held = match self.take_fence(run).await {
+        let held = match self
+            .take_fence(run)
+            .instrument(tracing::info_span!(
+                "run.acquire_fence",
+                session.id = tracing::field::Empty,
+                fence.token = tracing::field::Empty,
+            ))
+            .await
+        {
             Ok(held) => held,
             Err(decision) => {
                 run.decide(decision);
@@ -143,7 +159,10 @@ impl Inner {
                 return Some(held);
             }
         };
-        let turn = self.stream_runtime(run, &held, user_seq).await;
+        let turn = self
+            .stream_runtime(run, &held, user_seq)
+            .instrument(tracing::info_span!("run.runtime"))
+            .await;
         self.record_turn(run, &held, &turn).await;
         Some(held)
     }
@@ -170,6 +189,8 @@ impl Inner {
         let mut state = run.state();
         state.record_version = record.version;
         state.started_at_ms = record.started_at_ms;
+        drop(state);
+        trace::status_event(run, RunStatus::Running);
         Ok(())
     }
 
@@ -215,6 +236,11 @@ impl Inner {
             }
             Err(err) => return Err(Decision::failed("store", err.to_string())),
         };
+        trace::record_fence(
+            run,
+            &acquired.session.session_id.to_string(),
+            acquired.fence_token,
+        );
         let mut state = run.state();
         state.session_id = Some(acquired.session.session_id.to_string());
         state.fence_token = Some(acquired.fence_token);

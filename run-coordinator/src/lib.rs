@@ -20,6 +20,7 @@ mod recovery;
 pub mod run;
 pub mod runtime;
 pub mod server;
+pub mod trace;
 
 pub use coordinator::Coordinator;
 pub use error::{CoordinatorError, CoordinatorResult};

@@ -17,8 +17,11 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    clawgate_common::init_logging();
+    let telemetry = clawgate_telemetry::init("clawgate-run-coordinator");
     let args = Cli::parse().serve;
     let listener = TcpListener::bind(args.listen).await?;
-    run_coordinator::server::serve(args, listener, clawgate_common::shutdown_signal()).await
+    let served =
+        run_coordinator::server::serve(args, listener, clawgate_common::shutdown_signal()).await;
+    telemetry.shutdown(clawgate_telemetry::SHUTDOWN_FLUSH).await;
+    served
 }

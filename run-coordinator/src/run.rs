@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{Outcome, RunErrorInfo, RunSnapshot, RunSpec, RunStatus};
+use crate::trace::RunTrace;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -106,6 +107,7 @@ pub struct Run {
     pub created_at_ms: i64,
     pub epoch: String,
     pub cancel: CancellationToken,
+    pub trace: RunTrace,
     state: Mutex<RunState>,
     terminal: watch::Sender<Option<RunSnapshot>>,
     admitted: watch::Sender<bool>,
@@ -128,6 +130,7 @@ impl Run {
             created_at_ms,
             epoch,
             cancel: CancellationToken::new(),
+            trace: RunTrace::default(),
             state: Mutex::new(RunState {
                 phase: Phase::Admitting,
                 status: RunStatus::Queued,

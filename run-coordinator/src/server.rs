@@ -63,6 +63,7 @@ pub async fn serve_coordinator(
     let address = listener.local_addr()?;
     tracing::info!(%address, epoch = coordinator.epoch(), "run coordinator serving gRPC");
     Server::builder()
+        .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(service)

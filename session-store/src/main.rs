@@ -17,8 +17,11 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    clawgate_common::init_logging();
+    let telemetry = clawgate_telemetry::init("clawgate-session-store");
     let config = Cli::parse().config;
     let listener = TcpListener::bind(config.listen).await?;
-    session_store::server::serve(config, listener, clawgate_common::shutdown_signal()).await
+    let served =
+        session_store::server::serve(config, listener, clawgate_common::shutdown_signal()).await;
+    telemetry.shutdown(clawgate_telemetry::SHUTDOWN_FLUSH).await;
+    served
 }

@@ -113,6 +113,7 @@ pub async fn serve_store(
     tracing::info!(%address, "session store serving gRPC");
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = Server::builder()
+        .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(grpc)

@@ -20,11 +20,12 @@ use async_trait::async_trait;
 use clawgate_proto::agent_runtime::v1 as pb;
 use clawgate_proto::agent_runtime::v1::agent_runtime_client::AgentRuntimeClient;
 use clawgate_proto::agent_runtime::v1::agent_runtime_server::{self, AgentRuntimeServer};
+use clawgate_telemetry::{TracedChannel, traced_channel};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Code, Status, Streaming};
 
 use super::{
@@ -60,7 +61,7 @@ impl Default for GrpcRuntimeConfig {
 /// An [`AgentRuntime`] backed by an external `AgentRuntime` gRPC service.
 #[derive(Debug, Clone)]
 pub struct GrpcRuntime {
-    client: AgentRuntimeClient<Channel>,
+    client: AgentRuntimeClient<TracedChannel>,
     address: Arc<str>,
     request_timeout: Option<Duration>,
 }
@@ -76,7 +77,7 @@ impl GrpcRuntime {
         } else {
             format!("http://{address}")
         };
-        let channel = Endpoint::from_shared(uri)
+        let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| {
                 RuntimeError::new(
                     ErrorKind::Unknown,
@@ -85,8 +86,8 @@ impl GrpcRuntime {
                 )
             })?
             .connect_timeout(config.connect_timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        let channel = traced_channel(endpoint.connect_lazy(), endpoint.uri());
         let client = AgentRuntimeClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -242,7 +243,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 /// Calls `Cancel` once `stop` fires, unless the call ended first.
 async fn watch_for_cancel(
-    mut client: AgentRuntimeClient<Channel>,
+    mut client: AgentRuntimeClient<TracedChannel>,
     address: Arc<str>,
     run_id: String,
     stop: CancellationToken,

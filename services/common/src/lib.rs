@@ -1,16 +1,8 @@
-//! What every clawgate binary and service shares: logging set-up, the
-//! shutdown signal, duration flags and the gRPC reflection service.
+//! What every clawgate binary and service shares: the shutdown signal,
+//! duration flags and the gRPC reflection service (logging and tracing are
+//! in `clawgate-telemetry`).
 
 use std::time::Duration;
-
-/// Human-readable logs filtered by `RUST_LOG` (default `info`).
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
-}
 
 /// Resolves on SIGTERM (Kubernetes) or ctrl-c.
 pub async fn shutdown_signal() {

@@ -55,7 +55,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    clawgate_common::init_logging();
+    let telemetry = clawgate_telemetry::init("clawgate");
     let cli = Cli::parse();
     let store_config = StoreConfig {
         listen: cli.store_listen,
@@ -128,5 +128,6 @@ async fn main() -> anyhow::Result<()> {
     .await;
     store_stop.cancel();
     store_server.await??;
+    telemetry.shutdown(clawgate_telemetry::SHUTDOWN_FLUSH).await;
     served
 }

@@ -26,6 +26,17 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 pub use export::ExportCounters;
+
+/// How long a stopping service waits for its last spans to leave.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
+
+/// The OpenTelemetry pieces services use to shape their own spans (parents
+/// across tasks, links, baggage), re-exported so the versions stay one.
+pub mod otel {
+    pub use opentelemetry::Context;
+    pub use opentelemetry::trace::{SpanContext, TraceContextExt};
+    pub use tracing_opentelemetry::OpenTelemetrySpanExt;
+}
 pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, TracedChannel, traced_channel};
 
 /// Spans exported unless `CLAWGATE_TRACE_FILTER` says otherwise: the gRPC

@@ -5,7 +5,8 @@
 use async_trait::async_trait;
 use clawgate_proto::session_store::v1 as pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
-use tonic::transport::{Channel, Endpoint};
+use clawgate_telemetry::{TracedChannel, traced_channel};
+use tonic::transport::Endpoint;
 
 use super::MAX_MESSAGE_BYTES;
 use super::convert::*;
@@ -17,33 +18,32 @@ use crate::store::SessionStore;
 
 #[derive(Clone)]
 pub struct RemoteStore {
-    client: SessionStoreClient<Channel>,
+    client: SessionStoreClient<TracedChannel>,
 }
 
 impl RemoteStore {
     /// Connects to `http://host:port`.
     pub async fn connect(address: &str) -> StoreResult<Self> {
-        let channel = Endpoint::from_shared(address.to_owned())
+        let endpoint = Endpoint::from_shared(address.to_owned())
             .map_err(|e| {
                 StoreError::invalid(format!("bad session-store address {address:?}: {e}"))
             })?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| {
-                StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}"))
-            })?;
-        Ok(Self::new(channel))
+            .tcp_nodelay(true);
+        let channel = endpoint.connect().await.map_err(|e| {
+            StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}"))
+        })?;
+        Ok(Self::new(traced_channel(channel, endpoint.uri())))
     }
 
-    pub fn new(channel: Channel) -> Self {
+    /// A store over a channel already wrapped in the client trace layer.
+    pub fn new(channel: TracedChannel) -> Self {
         let client = SessionStoreClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self { client }
     }
 
-    fn client(&self) -> SessionStoreClient<Channel> {
+    fn client(&self) -> SessionStoreClient<TracedChannel> {
         self.client.clone()
     }
 }
