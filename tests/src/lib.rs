@@ -8,4 +8,4 @@ pub mod receiver;
 
 pub use client::EdgeClient;
 pub use cluster::{Cluster, ClusterBuilder, Role};
-pub use receiver::{AttrValue, ExportedSpan, Spans, TraceReceiver};
+pub use receiver::{AttrValue, ExportedSpan, SpanKind, Spans, TraceReceiver};
