@@ -136,45 +136,28 @@ impl ClusterBuilder {
         let store = self
             .spawn(
                 Role::Store,
-                vec![
-                    "--listen".into(),
-                    "127.0.0.1:0".into(),
-                    "--store".into(),
-                    store_file.to_string_lossy().into_owned(),
-                ],
+                &[("--store", store_file.to_string_lossy().into_owned())],
             )
             .await;
         let coordinator = self
             .spawn(
                 Role::Coordinator,
-                vec![
-                    "--listen".into(),
-                    "127.0.0.1:0".into(),
-                    "--store-address".into(),
-                    store.url(),
-                    "--runtime".into(),
-                    "echo".into(),
-                    "--echo-chunks".into(),
-                    self.echo_chunks.to_string(),
-                    "--echo-pace".into(),
-                    format!("{}ms", self.echo_pace.as_millis()),
+                &[
+                    ("--store-address", store.url()),
+                    ("--runtime", "echo".into()),
+                    ("--echo-chunks", self.echo_chunks.to_string()),
+                    ("--echo-pace", format!("{}ms", self.echo_pace.as_millis())),
                 ],
             )
             .await;
         let edge = self
             .spawn(
                 Role::Edge,
-                vec![
-                    "--listen".into(),
-                    "127.0.0.1:0".into(),
-                    "--coordinator-address".into(),
-                    coordinator.url(),
-                    "--store-address".into(),
-                    store.url(),
-                    "--auth-mode".into(),
-                    "token".into(),
-                    "--token".into(),
-                    TOKEN.into(),
+                &[
+                    ("--coordinator-address", coordinator.url()),
+                    ("--store-address", store.url()),
+                    ("--auth-mode", "token".into()),
+                    ("--token", TOKEN.into()),
                 ],
             )
             .await;
@@ -188,7 +171,13 @@ impl ClusterBuilder {
         cluster
     }
 
-    async fn spawn(&self, role: Role, mut args: Vec<String>) -> Process {
+    /// Starts `role` listening on a port of its choice, with `flags` and
+    /// the extra arguments given for it; returns once it announced where.
+    async fn spawn(&self, role: Role, flags: &[(&str, String)]) -> Process {
+        let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
+        for (flag, value) in flags {
+            args.extend([(*flag).to_owned(), value.clone()]);
+        }
         args.extend(
             self.args
                 .iter()

@@ -1,9 +1,11 @@
 //! Shared by the system tests: the real binaries as a cluster of child
 //! processes ([`cluster`]), a client of the edge's WebSocket protocol
-//! ([`client`]) and an in-process OTLP trace receiver ([`receiver`]).
+//! ([`client`]), an in-process OTLP trace receiver ([`receiver`]) and the
+//! services' span contract as checks over received spans ([`contract`]).
 
 pub mod client;
 pub mod cluster;
+pub mod contract;
 pub mod receiver;
 
 pub use client::EdgeClient;

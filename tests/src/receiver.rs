@@ -174,10 +174,16 @@ impl<'a> IntoIterator for &'a Spans {
     }
 }
 
+impl FromIterator<ExportedSpan> for Spans {
+    fn from_iter<I: IntoIterator<Item = ExportedSpan>>(spans: I) -> Self {
+        Spans(spans.into_iter().collect())
+    }
+}
+
 impl Spans {
     /// The spans for which `keep` holds.
     pub fn filter(&self, keep: impl Fn(&ExportedSpan) -> bool) -> Spans {
-        Spans(self.0.iter().filter(|s| keep(s)).cloned().collect())
+        self.0.iter().filter(|s| keep(s)).cloned().collect()
     }
 
     /// The spans of one trace (`trace_id` in hex).
@@ -459,17 +465,14 @@ impl Drop for TraceReceiver {
     }
 }
 
+/// Spans made up by hand, for the crate's own tests.
 #[cfg(test)]
-mod tests {
-    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
-    use opentelemetry_proto::tonic::common::v1::{AnyValue as Value, InstrumentationScope};
-    use opentelemetry_proto::tonic::resource::v1::Resource;
-    use opentelemetry_proto::tonic::trace::v1::span::Link;
-    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+pub(crate) mod fake {
+    use opentelemetry_proto::tonic::common::v1::AnyValue as Value;
 
     use super::*;
 
-    fn attribute(key: &str, value: AnyValue) -> KeyValue {
+    pub fn attribute(key: &str, value: AnyValue) -> KeyValue {
         KeyValue {
             key: key.into(),
             value: Some(Value { value: Some(value) }),
@@ -477,7 +480,9 @@ mod tests {
         }
     }
 
-    fn span(name: &str, id: u8, parent: Option<u8>, kind: SpanKind) -> Span {
+    /// A span of trace `ab…ab` with id `id` repeated 8 times, started at
+    /// `id` ns.
+    pub fn span(name: &str, id: u8, parent: Option<u8>, kind: SpanKind) -> Span {
         Span {
             trace_id: vec![0xab; 16],
             span_id: vec![id; 8],
@@ -488,6 +493,18 @@ mod tests {
             ..Span::default()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+    use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::span::Link;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+
+    use super::fake::{attribute, span};
+    use super::*;
 
     fn export(service: &str, spans: Vec<Span>) -> ResourceSpans {
         ResourceSpans {
