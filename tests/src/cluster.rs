@@ -99,7 +99,9 @@ impl Default for ClusterBuilder {
 }
 
 impl ClusterBuilder {
-    /// Sets an environment variable for every process.
+    /// Sets an environment variable for every process. Given variables are
+    /// set after the cluster's own (`NO_COLOR`, `RUST_LOG`,
+    /// `OTEL_SERVICE_NAME`), so they override them.
     pub fn env(mut self, key: &str, value: impl Into<String>) -> Self {
         self.env.push((None, key.to_owned(), value.into()));
         self
