@@ -72,7 +72,10 @@ pub fn status_event(run: &Run, status: RunStatus) {
     let execution = run.trace.execution.lock().unwrap().clone();
     match execution {
         Some(span) => {
-            span.record("run.status", status.as_str());
+            // Recorded once: a field recorded twice becomes two attributes.
+            if status.is_terminal() {
+                span.record("run.status", status.as_str());
+            }
             tracing::info!(parent: &span, run.status = status.as_str(), "run {}", status.as_str());
         }
         None => tracing::info!(run.status = status.as_str(), "run {}", status.as_str()),

@@ -90,7 +90,6 @@ async fn await_spans<T>(
 /// Acceptance 1: a chat run is one trace across edge, coordinator and
 /// store; a run that supersedes it links to the run it replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs tracing from main"]
 async fn a_chat_run_is_one_trace_across_the_services_and_a_superseding_run_links_back() {
     let (receiver, cluster, mut client) = traced_cluster().await;
     let ok_run = |run_id| ChatRun {
@@ -134,7 +133,6 @@ async fn a_chat_run_is_one_trace_across_the_services_and_a_superseding_run_links
 /// Acceptance 2: a request frame's `traceparent` is the parent of the
 /// edge's span for it, and the trace goes on into the coordinator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs tracing from main"]
 async fn a_request_frame_traceparent_is_the_parent_of_the_edge_span() {
     let (receiver, cluster, mut client) = traced_cluster().await;
 
