@@ -14,6 +14,7 @@ use run_coordinator::Coordinator;
 use run_coordinator::cli::CoordinatorArgs;
 use session_store::config::{LimitArgs, StoreConfig};
 use session_store::limits::Checked;
+use session_store::metrics::Metered;
 use session_store::server::{ServeOptions, open_backend, serve_store};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +36,13 @@ struct Cli {
     /// The session store's gRPC address.
     #[arg(long, env = "SESSION_STORE_LISTEN", default_value = "127.0.0.1:50061")]
     store_listen: SocketAddr,
+    /// The session store's Prometheus `/metrics` address.
+    #[arg(
+        long,
+        env = "SESSION_STORE_METRICS_LISTEN",
+        default_value = "127.0.0.1:9461"
+    )]
+    store_metrics_listen: SocketAddr,
     /// The run coordinator's gRPC address.
     #[arg(long, env = "COORDINATOR_LISTEN", default_value = "127.0.0.1:50062")]
     coordinator_listen: SocketAddr,
@@ -59,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let store_config = StoreConfig {
         listen: cli.store_listen,
+        metrics_listen: cli.store_metrics_listen,
         store: cli.store.clone(),
         run_retention: cli.run_retention,
         purge_interval: Duration::from_secs(60),
@@ -67,20 +76,28 @@ async fn main() -> anyhow::Result<()> {
         group_commit_max: 256,
         limits: cli.limits.clone(),
     };
-    let options = ServeOptions::from(&store_config);
+    let options = ServeOptions {
+        metrics_listener: Some(TcpListener::bind(cli.store_metrics_listen).await?),
+        ..ServeOptions::from(&store_config)
+    };
     let backend = open_backend(&store_config).await?;
     let store_listener = TcpListener::bind(cli.store_listen).await?;
     let coordinator_listener = TcpListener::bind(cli.coordinator_listen).await?;
 
+    // The coordinator calls the store in process: the same checks, and its
+    // calls timed into the same series as the served ones.
+    let store = Arc::new(Metered::new(
+        Checked::new(backend.clone(), options.limits.clone()),
+        options.metrics.clone(),
+    ));
     let store_stop = CancellationToken::new();
     let store_server = tokio::spawn(serve_store(
-        backend.clone(),
-        options.clone(),
+        backend,
+        options,
         store_listener,
         store_stop.clone().cancelled_owned(),
     ));
     let runtime = cli.coordinator.runtime.build().await?;
-    let store = Arc::new(Checked::new(backend, options.limits));
     let coordinator = Coordinator::start(store, runtime, cli.coordinator.config()).await?;
     let token = cli
         .token
@@ -109,6 +126,10 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "  run coordinator                 grpc://{}  (runtime: {:?})",
         cli.coordinator_listen, cli.coordinator.runtime.runtime
+    );
+    println!(
+        "  session store metrics           http://{}/metrics",
+        cli.store_metrics_listen
     );
     println!("  data                            {}", cli.store);
 
