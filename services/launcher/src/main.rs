@@ -46,6 +46,13 @@ struct Cli {
     /// The run coordinator's gRPC address.
     #[arg(long, env = "COORDINATOR_LISTEN", default_value = "127.0.0.1:50062")]
     coordinator_listen: SocketAddr,
+    /// The run coordinator's Prometheus `/metrics` address.
+    #[arg(
+        long,
+        env = "COORDINATOR_METRICS_LISTEN",
+        default_value = "127.0.0.1:9462"
+    )]
+    coordinator_metrics_listen: SocketAddr,
     /// How long terminal run records are kept.
     #[arg(long, env = "SESSION_STORE_RUN_RETENTION", default_value = "24h", value_parser = parse_duration)]
     run_retention: Duration,
@@ -83,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
     let backend = open_backend(&store_config).await?;
     let store_listener = TcpListener::bind(cli.store_listen).await?;
     let coordinator_listener = TcpListener::bind(cli.coordinator_listen).await?;
+    let coordinator_metrics_listener = TcpListener::bind(cli.coordinator_metrics_listen).await?;
 
     // The coordinator calls the store in process: the same checks, and its
     // calls timed into the same series as the served ones.
@@ -128,8 +136,16 @@ async fn main() -> anyhow::Result<()> {
         cli.coordinator_listen, cli.coordinator.runtime.runtime
     );
     println!(
-        "  session store metrics           http://{}/metrics",
+        "  metrics                         http://{}/metrics (edge)",
+        cli.edge_listen
+    );
+    println!(
+        "                                  http://{}/metrics (store)",
         cli.store_metrics_listen
+    );
+    println!(
+        "                                  http://{}/metrics (coordinator)",
+        cli.coordinator_metrics_listen
     );
     println!("  data                            {}", cli.store);
 
@@ -144,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
         coordinator,
         cli.coordinator.drain_timeout,
         coordinator_listener,
+        Some(coordinator_metrics_listener),
         signal,
     )
     .await;

@@ -210,9 +210,11 @@ mod tests {
     async fn server() -> (SocketAddr, Counter, MetricsServer) {
         let counter = Counter::<u64>::default();
         let mut registry = Registry::default();
-        registry
-            .sub_registry_with_prefix("clawgate_test")
-            .register("things", "Things seen.", counter.clone());
+        registry.sub_registry_with_prefix("clawgate_test").register(
+            "things",
+            "Things seen.",
+            counter.clone(),
+        );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         (
@@ -228,7 +230,10 @@ mod tests {
         counter.inc_by(3);
         let reply = http_request(address, "GET", "/metrics").await.unwrap();
         assert_eq!(reply.status, 200);
-        assert_eq!(reply.content_type.as_deref(), Some(OPENMETRICS_CONTENT_TYPE));
+        assert_eq!(
+            reply.content_type.as_deref(),
+            Some(OPENMETRICS_CONTENT_TYPE)
+        );
         assert!(reply.body.contains("# TYPE clawgate_test_things counter"));
         assert_eq!(
             sample_value(&reply.body, "clawgate_test_things_total", ""),
