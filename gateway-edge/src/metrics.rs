@@ -70,37 +70,37 @@ impl EdgeMetrics {
         let registry = registry.sub_registry_with_prefix("clawgate_edge");
         registry.register(
             "connections_open",
-            "Authenticated WebSocket connections open now.",
+            "Authenticated WebSocket connections open now",
             self.connections_open.clone(),
         );
         registry.register(
             "connections_accepted",
-            "WebSocket upgrades accepted (before the handshake).",
+            "WebSocket upgrades accepted (before the handshake)",
             self.connections_accepted.clone(),
         );
         registry.register(
             "events_sent",
-            "Event frames queued to a connection.",
+            "Event frames queued to a connection",
             self.events_sent.clone(),
         );
         registry.register(
             "events_dropped",
-            "Event frames not delivered, by reason (over_budget: the connection's send buffer was full; closed: the connection was closing).",
+            "Event frames not delivered, by reason (over_budget: the connection's send buffer was full; closed: the connection was closing)",
             self.events_dropped.clone(),
         );
         registry.register(
             "slow_consumer_closes",
-            "Connections closed 1008 because a frame that may not be dropped did not fit their send buffer.",
+            "Connections closed 1008 because a frame that may not be dropped did not fit their send buffer",
             self.slow_consumer_closes.clone(),
         );
         registry.register(
             "ack_duration_seconds",
-            "Time from a chat.send or agent request to the response admitting its new run, by method.",
+            "Time from a chat.send or agent request to the response admitting its new run, by method",
             self.acks.clone(),
         );
         registry.register(
             "requests",
-            "Requests after the handshake, by method and outcome (ok or the error code).",
+            "Requests after the handshake, by method and outcome (ok or the error code)",
             self.requests.clone(),
         );
     }

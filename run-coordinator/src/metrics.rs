@@ -83,17 +83,17 @@ impl CoordinatorMetrics {
         let registry = registry.sub_registry_with_prefix("clawgate_coordinator");
         registry.register(
             "admissions",
-            "Submit answers by outcome (accepted, deduplicated, rejected) and reason.",
+            "Submit answers by outcome (accepted, deduplicated, rejected) and reason",
             self.admissions.clone(),
         );
         registry.register(
             "runs_finished",
-            "Runs that reached a terminal status, by status.",
+            "Runs that reached a terminal status, by status",
             self.runs_finished.clone(),
         );
         registry.register(
             "ack_duration_seconds",
-            "Time from a Submit's arrival to its accepted answer (new runs only).",
+            "Time from a Submit's arrival to its accepted answer (new runs only)",
             self.ack_latency.clone(),
         );
         registry.register_collector(Box::new(LoadCollector(load)));
@@ -136,6 +136,7 @@ where
         let Some(load) = (self.0)() else {
             return Ok(());
         };
+        // Unlike `Registry::register`, a collector's help gets no final period added.
         let gauges = [
             (
                 "runs_queued",

@@ -105,7 +105,7 @@ impl StoreMetrics {
             .sub_registry_with_prefix("clawgate_store")
             .register(
                 "operation_duration_seconds",
-                "Time a session-store operation took, by operation and outcome (ok, error).",
+                "Time a session-store operation took, by operation and outcome (ok, error)",
                 self.operations.clone(),
             );
     }

@@ -212,7 +212,7 @@ mod tests {
         let mut registry = Registry::default();
         registry.sub_registry_with_prefix("clawgate_test").register(
             "things",
-            "Things seen.",
+            "Things seen",
             counter.clone(),
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
