@@ -8,14 +8,15 @@
 //! not fit ends the connection with 1008 "slow consumer".
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::frames;
+use crate::metrics::{Delivery, EdgeMetrics};
 use crate::scopes;
 
 /// Why the edge closes a connection.
@@ -35,6 +36,7 @@ pub struct Outbox {
     tx: mpsc::UnboundedSender<String>,
     state: Mutex<OutState>,
     max_bytes: usize,
+    metrics: Arc<EdgeMetrics>,
     /// Fires when the connection must close (slow consumer, shutdown).
     pub closing: CancellationToken,
 }
@@ -45,7 +47,7 @@ pub struct OutboxReader {
 }
 
 impl Outbox {
-    pub fn new(max_bytes: usize) -> (Self, OutboxReader) {
+    pub fn new(max_bytes: usize, metrics: Arc<EdgeMetrics>) -> (Self, OutboxReader) {
         let (tx, rx) = mpsc::unbounded_channel();
         let outbox = Self {
             tx,
@@ -55,17 +57,19 @@ impl Outbox {
                 close: None,
             }),
             max_bytes,
+            metrics,
             closing: CancellationToken::new(),
         };
         (outbox, OutboxReader { rx })
     }
 
-    fn push(&self, state: &mut OutState, frame: String, droppable: bool) -> bool {
+    fn push(&self, state: &mut OutState, frame: String, droppable: bool) -> Delivery {
         if state.close.is_some() {
-            return false;
+            return Delivery::Closed;
         }
         if state.queued_bytes + frame.len() > self.max_bytes {
             if !droppable {
+                self.metrics.slow_consumer_closed();
                 self.order_close(
                     state,
                     CloseOrder {
@@ -74,10 +78,20 @@ impl Outbox {
                     },
                 );
             }
-            return false;
+            return Delivery::OverBudget;
         }
         state.queued_bytes += frame.len();
-        self.tx.send(frame).is_ok()
+        match self.tx.send(frame) {
+            Ok(()) => Delivery::Queued,
+            Err(_) => Delivery::Closed,
+        }
+    }
+
+    /// Pushes an event frame and counts what became of it.
+    fn push_event(&self, state: &mut OutState, frame: String, droppable: bool) -> bool {
+        let delivery = self.push(state, frame, droppable);
+        self.metrics.event(delivery);
+        delivery == Delivery::Queued
     }
 
     fn order_close(&self, state: &mut OutState, order: CloseOrder) {
@@ -90,7 +104,7 @@ impl Outbox {
     /// A response frame (never dropped).
     pub fn send_frame(&self, frame: String) -> bool {
         let mut state = self.state.lock().unwrap();
-        self.push(&mut state, frame, false)
+        self.push(&mut state, frame, false) == Delivery::Queued
     }
 
     /// A broadcast event: takes the next `seq`, even when dropped.
@@ -98,14 +112,14 @@ impl Outbox {
         let mut state = self.state.lock().unwrap();
         state.seq += 1;
         let frame = frames::event(name, payload, Some(state.seq));
-        self.push(&mut state, frame, droppable)
+        self.push_event(&mut state, frame, droppable)
     }
 
     /// A targeted event (no `seq`).
     pub fn targeted(&self, name: &str, payload: &Value, droppable: bool) -> bool {
         let mut state = self.state.lock().unwrap();
         let frame = frames::event(name, payload, None);
-        self.push(&mut state, frame, droppable)
+        self.push_event(&mut state, frame, droppable)
     }
 
     /// The writer hands back the bytes of a frame it wrote.

@@ -19,6 +19,7 @@ use tonic::transport::Endpoint;
 use crate::config::{AuthMode, EdgeConfig};
 use crate::conn::Conn;
 use crate::handshake::{ConnectParams, Rejection, auth_failure};
+use crate::metrics::EdgeMetrics;
 
 /// The gRPC services behind the edge.
 #[derive(Clone)]
@@ -58,6 +59,7 @@ pub struct Edge {
     pub device_tokens: crate::device::DeviceTokens,
     /// The coordinator event stream is open (what `/readyz` reports).
     pub fanout_ready: std::sync::atomic::AtomicBool,
+    pub metrics: Arc<EdgeMetrics>,
 }
 
 /// Holds one unauthenticated-socket slot of an IP until dropped.
@@ -122,6 +124,7 @@ impl Edge {
             shutdown: CancellationToken::new(),
             device_tokens,
             fanout_ready: std::sync::atomic::AtomicBool::new(false),
+            metrics: Arc::default(),
         })
     }
 
@@ -145,11 +148,15 @@ impl Edge {
     }
 
     pub fn register(&self, conn: Arc<Conn>) {
-        self.conns.write().unwrap().insert(conn.id, conn);
+        if self.conns.write().unwrap().insert(conn.id, conn).is_none() {
+            self.metrics.connection_opened();
+        }
     }
 
     pub fn unregister(&self, id: u64) {
-        self.conns.write().unwrap().remove(&id);
+        if self.conns.write().unwrap().remove(&id).is_some() {
+            self.metrics.connection_closed();
+        }
     }
 
     pub fn connections(&self) -> Vec<Arc<Conn>> {

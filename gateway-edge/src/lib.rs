@@ -5,7 +5,8 @@
 //! connection's life), `handshake` + `identity` + `device` (connect),
 //! `scopes` (authorization), `methods` + `params` (the served methods),
 //! `fanout` (run events to clients), `conn` (outbox with the slow-consumer
-//! policy), `frames` (the wire shapes), `trace` (a span per request).
+//! policy), `frames` (the wire shapes), `trace` (a span per request),
+//! `metrics` (Prometheus).
 
 pub mod config;
 pub mod conn;
@@ -16,6 +17,7 @@ pub mod frames;
 pub mod handshake;
 pub mod identity;
 pub mod methods;
+pub mod metrics;
 pub mod params;
 pub mod preauth_io;
 pub mod scopes;

@@ -3,7 +3,7 @@
 //! to the coordinator or the store.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
@@ -48,60 +48,70 @@ fn fail(error: ErrorShape) -> (ErrorShape, Option<Value>) {
 
 /// Reads one text frame of an authenticated connection.
 pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
+    let received = Instant::now();
     let request = match parse_request(text) {
         Ok(request) => request,
         // Unparsable JSON after the handshake is ignored.
         Err(FrameError::NotJson) => return,
         Err(FrameError::Invalid { id, reason }) => {
             let error = ErrorShape::invalid(format!("invalid request frame: {reason}"));
-            conn.outbox.send_frame(frames::error_response(
-                id.as_deref().unwrap_or("invalid"),
-                &error,
-                None,
-            ));
+            let id = id.as_deref().unwrap_or("invalid");
+            reply(edge, conn, id, "", Err(fail(error)));
             return;
         }
     };
+    let refused = |error| reply(edge, conn, &request.id, &request.method, Err(fail(error)));
     if let Err(error) = authorize(&request.method, &conn.role, &conn.scopes) {
-        conn.outbox
-            .send_frame(frames::error_response(&request.id, &error, None));
+        refused(error);
         return;
     }
     if request.method == "connect" {
-        let error = ErrorShape::invalid("connect is only valid as the first request");
-        conn.outbox
-            .send_frame(frames::error_response(&request.id, &error, None));
+        refused(ErrorShape::invalid(
+            "connect is only valid as the first request",
+        ));
         return;
     }
     if !SERVED_METHODS.contains(&request.method.as_str()) {
-        let error = ErrorShape::invalid(format!("unknown method: {}", request.method));
-        conn.outbox
-            .send_frame(frames::error_response(&request.id, &error, None));
+        refused(ErrorShape::invalid(format!(
+            "unknown method: {}",
+            request.method
+        )));
         return;
     }
     let (edge, conn) = (edge.clone(), conn.clone());
     let span = trace::request_span(&request);
     tokio::spawn(
         async move {
-            let answer = handle(&edge, &conn, &request).await;
-            if let Err((error, _)) = &answer {
-                trace::record_error(error);
-            }
-            reply(&conn, &request.id, answer);
+            let answer = handle(&edge, &conn, &request, received).await;
+            reply(&edge, &conn, &request.id, &request.method, answer);
         }
         .instrument(span),
     );
 }
 
-fn reply(conn: &Conn, id: &str, answer: Answer) {
+/// Sends the (final) answer to a request and counts it.
+fn reply(edge: &Edge, conn: &Conn, id: &str, method: &str, answer: Answer) {
     let frame = match answer {
-        Ok(payload) => frames::ok_response(id, payload),
-        Err((error, payload)) => frames::error_response(id, &error, payload),
+        Ok(payload) => {
+            edge.metrics.request(method, Ok(()));
+            frames::ok_response(id, payload)
+        }
+        Err((error, payload)) => {
+            edge.metrics.request(method, Err(error.code));
+            trace::record_error(&error);
+            frames::error_response(id, &error, payload)
+        }
     };
     conn.outbox.send_frame(frame);
 }
 
-async fn handle(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer {
+/// `received`: when the request frame arrived (for the ACK latency).
+async fn handle(
+    edge: &Arc<Edge>,
+    conn: &Arc<Conn>,
+    request: &Request,
+    received: Instant,
+) -> Answer {
     let params = &request.params;
     match request.method.as_str() {
         "health" => health(edge).await,
@@ -110,9 +120,9 @@ async fn handle(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer
             "defaultId": "main", "mainKey": "main", "scope": "per-sender",
             "agents": [{ "id": "main", "name": "main" }],
         })),
-        "agent" => agent(edge, conn, request).await,
+        "agent" => agent(edge, conn, request, received).await,
         "agent.wait" => agent_wait(edge, params).await,
-        "chat.send" => chat_send(edge, conn, params).await,
+        "chat.send" => chat_send(edge, conn, params, received).await,
         "chat.abort" => chat_abort(edge, conn, params).await,
         "chat.history" => chat_history(edge, params).await,
         "sessions.list" => sessions_list(edge, params).await,
@@ -330,7 +340,7 @@ const AGENT_KEYS: &[&str] = &[
     "label",
 ];
 
-async fn agent(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer {
+async fn agent(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request, received: Instant) -> Answer {
     let p = Params::new("agent", &request.params, AGENT_KEYS).map_err(fail)?;
     let message = p.required_non_empty("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
@@ -381,6 +391,9 @@ async fn agent(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request) -> Answer 
         return agent_final(&snapshot);
     }
     // First response: accepted. The final one follows on the same id.
+    if done.admission == pb::Admission::Accepted as i32 {
+        edge.metrics.acked("agent", received);
+    }
     conn.outbox.send_frame(frames::ok_response(
         &request.id,
         json!({
@@ -465,7 +478,12 @@ const CHAT_SEND_KEYS: &[&str] = &[
     "expectedSessionRoutingContract",
 ];
 
-async fn chat_send(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+async fn chat_send(
+    edge: &Arc<Edge>,
+    conn: &Arc<Conn>,
+    params: &Value,
+    received: Instant,
+) -> Answer {
     let p = Params::new("chat.send", params, CHAT_SEND_KEYS).map_err(fail)?;
     let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
     let message = p.required_string("message").map_err(fail)?;
@@ -506,7 +524,10 @@ async fn chat_send(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer
         .into_inner();
     let snapshot = done.snapshot.unwrap_or_default();
     match pb::Admission::try_from(done.admission) {
-        Ok(pb::Admission::Accepted) => Ok(json!({ "runId": key, "status": "started" })),
+        Ok(pb::Admission::Accepted) => {
+            edge.metrics.acked("chat.send", received);
+            Ok(json!({ "runId": key, "status": "started" }))
+        }
         Ok(pb::Admission::InFlight) => Ok(json!({ "runId": key, "status": "in_flight" })),
         _ => match status_name(snapshot.status) {
             "ok" => Ok(json!({ "runId": key, "status": "ok" })),

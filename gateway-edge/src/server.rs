@@ -1,5 +1,5 @@
 //! `serve(config, listener, shutdown)`: the HTTP listener. Plain GETs of
-//! `/healthz` and `/readyz` are answered over HTTP; an upgrade on any path
+//! `/healthz`, `/readyz` and `/metrics` are answered over HTTP; an upgrade on any path
 //! becomes a gateway WebSocket, within a per-IP budget of unauthenticated
 //! sockets (503 over it) and a connection cap.
 
@@ -15,6 +15,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -53,12 +54,14 @@ pub fn websocket_config(max_payload: usize) -> WebSocketConfig {
 
 async fn route(
     edge: Arc<Edge>,
+    registry: Arc<Registry>,
     peer: SocketAddr,
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     if !is_websocket_upgrade(&req) {
         return Ok(match req.uri().path() {
             "/healthz" => plain(StatusCode::OK, "ok\n"),
+            "/metrics" => clawgate_telemetry::metrics::response(&registry),
             "/readyz" if edge.shutdown.is_cancelled() => {
                 plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
             }
@@ -93,6 +96,7 @@ async fn route(
     tokio::spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
+                edge.metrics.connection_accepted();
                 let config = websocket_config(edge.config.max_payload);
                 let guard = PreauthGuard::new(edge.config.preauth_max_bytes);
                 let io = Guarded::new(TokioIo::new(upgraded), guard.clone());
@@ -136,6 +140,11 @@ pub async fn serve_edge(
         edge.clone(),
         edge.config.health_interval,
     ));
+    let registry = {
+        let mut registry = clawgate_telemetry::metrics::service_registry();
+        edge.metrics.register(&mut registry);
+        Arc::new(registry)
+    };
     tracing::info!(address = %listener.local_addr()?, "gateway edge listening");
     tokio::pin!(shutdown);
     loop {
@@ -152,9 +161,9 @@ pub async fn serve_edge(
         let _ = stream.set_nodelay(true);
         let _ =
             socket2::SockRef::from(&stream).set_send_buffer_size(edge.config.socket_send_buffer);
-        let edge = edge.clone();
+        let (edge, registry) = (edge.clone(), registry.clone());
         tokio::spawn(async move {
-            let service = service_fn(move |req| route(edge.clone(), peer, req));
+            let service = service_fn(move |req| route(edge.clone(), registry.clone(), peer, req));
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades()

@@ -154,7 +154,7 @@ fn accept_connect(
     let device = crate::identity::verify(edge, &params, nonce)?;
     let scopes = handshake::effective_scopes(&params, device.is_some());
     let conn_id = uuid::Uuid::new_v4().to_string();
-    let (outbox, reader) = Outbox::new(edge.config.max_buffered_bytes);
+    let (outbox, reader) = Outbox::new(edge.config.max_buffered_bytes, edge.metrics.clone());
     let mut auth = json!({ "method": auth_method, "role": params.role, "scopes": scopes });
     if let Some(device) = &device {
         auth["deviceToken"] = json!(device.token);

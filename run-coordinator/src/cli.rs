@@ -178,6 +178,13 @@ pub struct ServeArgs {
     /// Address the gRPC server listens on.
     #[arg(long, env = "COORDINATOR_LISTEN", default_value = "127.0.0.1:50062")]
     pub listen: SocketAddr,
+    /// Address the Prometheus `/metrics` endpoint listens on.
+    #[arg(
+        long,
+        env = "COORDINATOR_METRICS_LISTEN",
+        default_value = "127.0.0.1:9462"
+    )]
+    pub metrics_listen: SocketAddr,
     /// The session store's gRPC address.
     #[arg(
         long,

@@ -10,6 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use prometheus_client::registry::Registry;
 use session_store::model::{NewRun, RunRecord, RunUpdate};
 use session_store::store::now_ms;
 use session_store::{SessionKey, SessionStore, StoreError};
@@ -23,6 +24,7 @@ use crate::error::{CoordinatorError, CoordinatorResult};
 use crate::events::{
     EventBody, EventHub, LifecyclePhase, RunSubscription, StreamReset, StreamSubscription,
 };
+use crate::metrics::{CoordinatorMetrics, Load};
 use crate::model::*;
 use crate::run::{Decision, Phase, Run};
 use crate::runtime::AgentRuntime;
@@ -56,6 +58,7 @@ pub(crate) struct Inner {
     pub config: CoordinatorConfig,
     pub epoch: String,
     pub hub: Arc<EventHub>,
+    pub metrics: CoordinatorMetrics,
     state: Mutex<State>,
     /// Notified whenever a run finishes (drain waits on it).
     run_finished: Notify,
@@ -111,6 +114,7 @@ impl Coordinator {
                 config,
                 epoch,
                 hub,
+                metrics: CoordinatorMetrics::default(),
                 state: Mutex::new(State::default()),
                 run_finished: Notify::new(),
             }),
@@ -124,7 +128,18 @@ impl Coordinator {
     }
 
     pub async fn submit(&self, req: SubmitRequest) -> CoordinatorResult<Submitted> {
-        self.inner.submit(req).await
+        let arrived = std::time::Instant::now();
+        let submitted = self.inner.submit(req).await;
+        self.inner.metrics.submitted(&submitted, arrived);
+        submitted
+    }
+
+    /// Registers this coordinator's metrics (docs/metrics.md) in `registry`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        let inner = Arc::downgrade(&self.inner);
+        self.inner
+            .metrics
+            .register(registry, move || inner.upgrade().map(|inner| inner.load()));
     }
 
     /// The run's snapshot, from memory or from its durable record.
@@ -217,6 +232,14 @@ impl Coordinator {
 impl Inner {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap()
+    }
+
+    fn load(&self) -> Load {
+        let state = self.lock();
+        Load {
+            queued: state.waiting.len(),
+            executing: state.executing,
+        }
     }
 
     fn validate(&self, req: &SubmitRequest) -> CoordinatorResult<()> {
@@ -722,6 +745,7 @@ impl Inner {
             (state.status, state.outcome.clone())
         };
         trace::status_event(run, status);
+        self.metrics.run_finished(status);
         let phase = if status == RunStatus::Error || status == RunStatus::Lost {
             LifecyclePhase::Error
         } else {

@@ -5,7 +5,8 @@
 //! `coordinator` (admission, lanes, cancel, wait, the terminal path),
 //! `executor` (one run's execution), `recovery` (after a restart), `events`
 //! (run event logs), `runtime` (echo, OpenAI-compatible, external gRPC),
-//! `grpc` (the tonic adapter), `server` (`serve(config, listener, shutdown)`).
+//! `grpc` (the tonic adapter), `server` (`serve(config, listener, shutdown)`),
+//! `metrics` (Prometheus).
 
 pub mod cli;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod events;
 mod executor;
 pub mod grpc;
 pub mod local;
+mod metrics;
 pub mod model;
 mod recovery;
 pub mod run;

@@ -1,7 +1,9 @@
 //! The store and the coordinator as two gRPC servers on loopback port 0, in
 //! this process, for tests, benchmarks and examples: the coordinator reaches
-//! the store over gRPC, exactly as in a deployment.
+//! the store over gRPC, exactly as in a deployment. Each serves `/metrics` on
+//! a port 0 of its own too.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,10 @@ pub struct LocalServices {
     pub store_url: String,
     /// `http://127.0.0.1:<port>` of the run coordinator.
     pub coordinator_url: String,
+    /// Where the store serves `/metrics`.
+    pub store_metrics: SocketAddr,
+    /// Where the coordinator serves `/metrics`.
+    pub coordinator_metrics: SocketAddr,
     pub coordinator: Coordinator,
 }
 
@@ -35,9 +41,15 @@ pub async fn spawn(
     let backend = EmbeddedStore::open(&dir.join("store.redb"), EmbeddedOptions::default()).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let store_url = format!("http://{}", listener.local_addr()?);
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let store_metrics = metrics_listener.local_addr()?;
+    let options = ServeOptions {
+        metrics_listener: Some(metrics_listener),
+        ..ServeOptions::default()
+    };
     tokio::spawn(serve_store(
         Arc::new(backend),
-        ServeOptions::default(),
+        options,
         listener,
         stop.clone().cancelled_owned(),
     ));
@@ -45,15 +57,20 @@ pub async fn spawn(
     let coordinator = Coordinator::start(Arc::new(store), runtime, config).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let coordinator_url = format!("http://{}", listener.local_addr()?);
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let coordinator_metrics = metrics_listener.local_addr()?;
     tokio::spawn(crate::server::serve_coordinator(
         coordinator.clone(),
         Duration::from_secs(5),
         listener,
+        Some(metrics_listener),
         stop.cancelled_owned(),
     ));
     Ok(LocalServices {
         store_url,
         coordinator_url,
+        store_metrics,
+        coordinator_metrics,
         coordinator,
     })
 }

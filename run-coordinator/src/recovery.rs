@@ -67,7 +67,7 @@ impl Inner {
             fence_token: None,
         };
         match self.store.update_run(update).await {
-            Ok(_) => {}
+            Ok(_) => self.metrics.run_finished(RunStatus::Lost),
             // Settled meanwhile by someone else: nothing left to do.
             Err(session_store::StoreError::RunVersionConflict { .. })
             | Err(session_store::StoreError::RunTerminal { .. }) => return Ok(()),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clawgate_proto::run_coordinator::v1::run_coordinator_server::RunCoordinatorServer;
+use clawgate_telemetry::metrics::spawn_metrics_server;
 use session_store::grpc::client::RemoteStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +28,7 @@ pub async fn serve(
     let store = RemoteStore::connect(&args.store_address)
         .await
         .context("connecting to the session store")?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen).await?;
     let runtime = args.coordinator.runtime.build().await?;
     let coordinator = Coordinator::start(Arc::new(store), runtime, args.coordinator.config())
         .await
@@ -35,20 +37,28 @@ pub async fn serve(
         coordinator,
         args.coordinator.drain_timeout,
         listener,
+        Some(metrics_listener),
         shutdown,
     )
     .await
 }
 
-/// Serves a started coordinator. On `shutdown`: health turns NOT_SERVING,
-/// admission stops, executing runs get `drain_timeout` to finish (then are
-/// aborted), open subscriptions and waits end, and the server stops.
+/// Serves a started coordinator, and its `/metrics` on `metrics_listener`
+/// when given. On `shutdown`: health turns NOT_SERVING, admission stops,
+/// executing runs get `drain_timeout` to finish (then are aborted), open
+/// subscriptions and waits end, and the server stops.
 pub async fn serve_coordinator(
     coordinator: Coordinator,
     drain_timeout: Duration,
     listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let _metrics_server = metrics_listener.map(|listener| {
+        let mut registry = clawgate_telemetry::metrics::service_registry();
+        coordinator.register_metrics(&mut registry);
+        spawn_metrics_server(listener, Arc::new(registry))
+    });
     let stopping = CancellationToken::new();
     let service = RunCoordinatorServer::new(RunCoordinatorService::new(
         coordinator.clone(),

@@ -16,6 +16,14 @@ pub struct StoreConfig {
     #[arg(long, env = "SESSION_STORE_LISTEN", default_value = "127.0.0.1:50061")]
     pub listen: SocketAddr,
 
+    /// Address the Prometheus `/metrics` endpoint listens on.
+    #[arg(
+        long,
+        env = "SESSION_STORE_METRICS_LISTEN",
+        default_value = "127.0.0.1:9461"
+    )]
+    pub metrics_listen: SocketAddr,
+
     /// Where the data lives: a file path (the embedded store) or a
     /// `postgres://` URL.
     #[arg(

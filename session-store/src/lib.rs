@@ -3,8 +3,9 @@
 //!
 //! Layers: `model` + `rules` (domain, pure), `store::SessionStore` (the trait),
 //! `backend` (memory, embedded redb, PostgreSQL), `limits` (input checks as a
-//! decorator), `grpc` (the thin tonic adapter and the remote client), and
-//! `server` (`serve(config, listener, shutdown)`).
+//! decorator), `metrics` (operation timing, also a decorator), `grpc` (the
+//! thin tonic adapter and the remote client), and `server`
+//! (`serve(config, listener, shutdown)`).
 
 pub mod backend;
 pub mod config;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod grpc;
 pub mod key;
 pub mod limits;
+pub mod metrics;
 pub mod model;
 pub mod rules;
 pub mod server;

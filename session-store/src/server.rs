@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clawgate_proto::session_store::v1::session_store_server::SessionStoreServer;
+use clawgate_telemetry::metrics::spawn_metrics_server;
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -17,14 +18,20 @@ use crate::config::{BackendLocation, StoreConfig};
 use crate::grpc::MAX_MESSAGE_BYTES;
 use crate::grpc::service::SessionStoreService;
 use crate::limits::{Checked, Limits};
+use crate::metrics::{Metered, StoreMetrics};
 use crate::store::{SessionStore, now_ms};
 
 /// What the server does besides answering calls.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ServeOptions {
     pub limits: Limits,
     pub run_retention: Duration,
     pub purge_interval: Duration,
+    /// Times every operation served. A clone may time in-process callers
+    /// of the same backend too (the all-in-one launcher's coordinator).
+    pub metrics: StoreMetrics,
+    /// Where `/metrics` is served; none, no endpoint.
+    pub metrics_listener: Option<TcpListener>,
 }
 
 impl Default for ServeOptions {
@@ -33,6 +40,8 @@ impl Default for ServeOptions {
             limits: Limits::default(),
             run_retention: Duration::from_secs(24 * 3600),
             purge_interval: Duration::from_secs(60),
+            metrics: StoreMetrics::default(),
+            metrics_listener: None,
         }
     }
 }
@@ -43,6 +52,7 @@ impl From<&StoreConfig> for ServeOptions {
             limits: (&config.limits).into(),
             run_retention: config.run_retention,
             purge_interval: config.purge_interval,
+            ..Self::default()
         }
     }
 }
@@ -81,18 +91,30 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let backend = open_backend(&config).await?;
-    serve_store(backend, ServeOptions::from(&config), listener, shutdown).await
+    let options = ServeOptions {
+        metrics_listener: Some(TcpListener::bind(config.metrics_listen).await?),
+        ..ServeOptions::from(&config)
+    };
+    serve_store(backend, options, listener, shutdown).await
 }
 
-/// Serves `backend` (checked against the limits) until `shutdown` resolves,
-/// then drains in-flight calls.
+/// Serves `backend` (checked against the limits, every operation timed)
+/// until `shutdown` resolves, then drains in-flight calls.
 pub async fn serve_store(
     backend: Arc<dyn SessionStore>,
     options: ServeOptions,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let store: Arc<dyn SessionStore> = Arc::new(Checked::new(backend, options.limits.clone()));
+    let store: Arc<dyn SessionStore> = Arc::new(Metered::new(
+        Checked::new(backend, options.limits.clone()),
+        options.metrics.clone(),
+    ));
+    let _metrics_server = options.metrics_listener.map(|listener| {
+        let mut registry = clawgate_telemetry::metrics::service_registry();
+        options.metrics.register(&mut registry);
+        spawn_metrics_server(listener, Arc::new(registry))
+    });
     let grpc = SessionStoreServer::new(SessionStoreService::new(store.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -122,5 +122,8 @@ async fn main() {
             (p50 as f64 / off_p50 as f64 - 1.0) * 100.0
         );
     }
-    println!("spans received by the live collector: {}", receiver.spans().len());
+    println!(
+        "spans received by the live collector: {}",
+        receiver.spans().len()
+    );
 }

@@ -138,7 +138,10 @@ impl ClusterBuilder {
         let store = self
             .spawn(
                 Role::Store,
-                &[("--store", store_file.to_string_lossy().into_owned())],
+                &[
+                    ("--store", store_file.to_string_lossy().into_owned()),
+                    ("--metrics-listen", "127.0.0.1:0".into()),
+                ],
             )
             .await;
         let coordinator = self
@@ -146,6 +149,7 @@ impl ClusterBuilder {
                 Role::Coordinator,
                 &[
                     ("--store-address", store.url()),
+                    ("--metrics-listen", "127.0.0.1:0".into()),
                     ("--runtime", "echo".into()),
                     ("--echo-chunks", self.echo_chunks.to_string()),
                     ("--echo-pace", format!("{}ms", self.echo_pace.as_millis())),

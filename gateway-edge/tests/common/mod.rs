@@ -3,6 +3,7 @@
 //! any number of gateway edges in front; plus a small WebSocket client.
 #![allow(dead_code)]
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +54,9 @@ impl AgentRuntime for StubRuntime {
 pub struct System {
     pub store_url: String,
     pub coordinator_url: String,
+    /// Where the store and the coordinator serve `/metrics`.
+    pub store_metrics: SocketAddr,
+    pub coordinator_metrics: SocketAddr,
     pub stop: CancellationToken,
     _dir: tempfile::TempDir,
 }
@@ -71,10 +75,11 @@ impl System {
         let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
             .await
             .unwrap();
-        let (store_url, coordinator_url) = (services.store_url, services.coordinator_url);
         Self {
-            store_url,
-            coordinator_url,
+            store_url: services.store_url,
+            coordinator_url: services.coordinator_url,
+            store_metrics: services.store_metrics,
+            coordinator_metrics: services.coordinator_metrics,
             stop,
             _dir: dir,
         }

@@ -225,6 +225,7 @@ impl Cluster {
             coordinator.clone(),
             Duration::from_secs(5),
             listener,
+            None,
             stop.clone().cancelled_owned(),
         ));
         let client = connect(&coordinator_url).await;

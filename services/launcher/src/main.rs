@@ -14,6 +14,7 @@ use run_coordinator::Coordinator;
 use run_coordinator::cli::CoordinatorArgs;
 use session_store::config::{LimitArgs, StoreConfig};
 use session_store::limits::Checked;
+use session_store::metrics::Metered;
 use session_store::server::{ServeOptions, open_backend, serve_store};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -35,9 +36,23 @@ struct Cli {
     /// The session store's gRPC address.
     #[arg(long, env = "SESSION_STORE_LISTEN", default_value = "127.0.0.1:50061")]
     store_listen: SocketAddr,
+    /// The session store's Prometheus `/metrics` address.
+    #[arg(
+        long,
+        env = "SESSION_STORE_METRICS_LISTEN",
+        default_value = "127.0.0.1:9461"
+    )]
+    store_metrics_listen: SocketAddr,
     /// The run coordinator's gRPC address.
     #[arg(long, env = "COORDINATOR_LISTEN", default_value = "127.0.0.1:50062")]
     coordinator_listen: SocketAddr,
+    /// The run coordinator's Prometheus `/metrics` address.
+    #[arg(
+        long,
+        env = "COORDINATOR_METRICS_LISTEN",
+        default_value = "127.0.0.1:9462"
+    )]
+    coordinator_metrics_listen: SocketAddr,
     /// How long terminal run records are kept.
     #[arg(long, env = "SESSION_STORE_RUN_RETENTION", default_value = "24h", value_parser = parse_duration)]
     run_retention: Duration,
@@ -59,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let store_config = StoreConfig {
         listen: cli.store_listen,
+        metrics_listen: cli.store_metrics_listen,
         store: cli.store.clone(),
         run_retention: cli.run_retention,
         purge_interval: Duration::from_secs(60),
@@ -67,20 +83,29 @@ async fn main() -> anyhow::Result<()> {
         group_commit_max: 256,
         limits: cli.limits.clone(),
     };
-    let options = ServeOptions::from(&store_config);
+    let options = ServeOptions {
+        metrics_listener: Some(TcpListener::bind(cli.store_metrics_listen).await?),
+        ..ServeOptions::from(&store_config)
+    };
     let backend = open_backend(&store_config).await?;
     let store_listener = TcpListener::bind(cli.store_listen).await?;
     let coordinator_listener = TcpListener::bind(cli.coordinator_listen).await?;
+    let coordinator_metrics_listener = TcpListener::bind(cli.coordinator_metrics_listen).await?;
 
+    // The coordinator calls the store in process: the same checks, and its
+    // calls timed into the same series as the served ones.
+    let store = Arc::new(Metered::new(
+        Checked::new(backend.clone(), options.limits.clone()),
+        options.metrics.clone(),
+    ));
     let store_stop = CancellationToken::new();
     let store_server = tokio::spawn(serve_store(
-        backend.clone(),
-        options.clone(),
+        backend,
+        options,
         store_listener,
         store_stop.clone().cancelled_owned(),
     ));
     let runtime = cli.coordinator.runtime.build().await?;
-    let store = Arc::new(Checked::new(backend, options.limits));
     let coordinator = Coordinator::start(store, runtime, cli.coordinator.config()).await?;
     let token = cli
         .token
@@ -110,6 +135,18 @@ async fn main() -> anyhow::Result<()> {
         "  run coordinator                 grpc://{}  (runtime: {:?})",
         cli.coordinator_listen, cli.coordinator.runtime.runtime
     );
+    println!(
+        "  metrics                         http://{}/metrics (edge)",
+        cli.edge_listen
+    );
+    println!(
+        "                                  http://{}/metrics (store)",
+        cli.store_metrics_listen
+    );
+    println!(
+        "                                  http://{}/metrics (coordinator)",
+        cli.coordinator_metrics_listen
+    );
     println!("  data                            {}", cli.store);
 
     // On a signal: the edge says `shutdown` and closes its sockets, the
@@ -123,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
         coordinator,
         cli.coordinator.drain_timeout,
         coordinator_listener,
+        Some(coordinator_metrics_listener),
         signal,
     )
     .await;
