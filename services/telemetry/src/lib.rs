@@ -126,7 +126,10 @@ pub fn try_init(service: &str) -> anyhow::Result<Telemetry> {
         Ok(other) => anyhow::bail!("LOG_FORMAT must be text or json, not {other:?}"),
     };
     let log_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let fmt = logs::layer(format, settings.export).with_filter(log_filter);
+    // Colours only for a person at a terminal, never into a log pipeline.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let fmt = logs::layer(format, settings.export, ansi, std::io::stdout).with_filter(log_filter);
 
     propagation::install_propagator();
     let (provider, flush, trace_layer) = if settings.export {
