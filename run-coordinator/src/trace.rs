@@ -67,7 +67,9 @@ pub fn record_admission(outcome: &str) {
 }
 
 /// A state transition, as an event on the run's execution span when there
-/// is one (else on the current span).
+/// is one (else on the current span). Debug level: exported with the trace
+/// (the default trace filter takes this module at debug) without adding
+/// three log lines per run at `info`.
 pub fn status_event(run: &Run, status: RunStatus) {
     let execution = run.trace.execution.lock().unwrap().clone();
     match execution {
@@ -76,9 +78,9 @@ pub fn status_event(run: &Run, status: RunStatus) {
             if status.is_terminal() {
                 span.record("run.status", status.as_str());
             }
-            tracing::info!(parent: &span, run.status = status.as_str(), "run {}", status.as_str());
+            tracing::debug!(parent: &span, run.status = status.as_str(), "run {}", status.as_str());
         }
-        None => tracing::info!(run.status = status.as_str(), "run {}", status.as_str()),
+        None => tracing::debug!(run.status = status.as_str(), "run {}", status.as_str()),
     }
 }
 

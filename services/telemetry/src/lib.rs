@@ -43,7 +43,7 @@ pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, TracedChannel, traced
 /// layer's spans (debug, so that they never reach the logs) and the
 /// services' own spans and the events inside them.
 const DEFAULT_TRACE_FILTER: &str = "clawgate_telemetry=debug,gateway_edge=info,\
-    run_coordinator=info,session_store=info,clawgate=info";
+    run_coordinator=info,run_coordinator::trace=debug,session_store=info,clawgate=info";
 
 /// Log output format (`LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
