@@ -67,9 +67,8 @@ pub fn record_admission(outcome: &str) {
 }
 
 /// A state transition, as an event on the run's execution span when there
-/// is one (else on the current span). Debug level: exported with the trace
-/// (the default trace filter takes this module at debug) without adding
-/// three log lines per run at `info`.
+/// is one (else on the current span). Its target is under `otel`: in the
+/// trace, not three log lines per run.
 pub fn status_event(run: &Run, status: RunStatus) {
     let execution = run.trace.execution.lock().unwrap().clone();
     match execution {
@@ -78,9 +77,24 @@ pub fn status_event(run: &Run, status: RunStatus) {
             if status.is_terminal() {
                 span.record("run.status", status.as_str());
             }
-            tracing::debug!(parent: &span, run.status = status.as_str(), "run {}", status.as_str());
+            tracing::event!(
+                target: "otel::run",
+                parent: &span,
+                tracing::Level::INFO,
+                { run.status = status.as_str() },
+                "run {}",
+                status.as_str()
+            );
         }
-        None => tracing::debug!(run.status = status.as_str(), "run {}", status.as_str()),
+        None => {
+            tracing::event!(
+                target: "otel::run",
+                tracing::Level::INFO,
+                { run.status = status.as_str() },
+                "run {}",
+                status.as_str()
+            )
+        }
     }
 }
 

@@ -126,31 +126,46 @@ impl StoreMetrics {
 pub struct Metered<S> {
     inner: S,
     metrics: StoreMetrics,
+    spans: bool,
 }
 
 impl<S: SessionStore> Metered<S> {
     pub fn new(inner: S, metrics: StoreMetrics) -> Self {
-        Self { inner, metrics }
+        Self {
+            inner,
+            metrics,
+            spans: false,
+        }
     }
 
-    /// Times `call`, inside a span of its own: in a deployment it nests
-    /// under the gRPC server span (backend time vs. transport), in the
-    /// all-in-one it is the only sign of the coordinator's in-process store
-    /// calls. Its target is the telemetry crate's, so that it is exported
-    /// with the gRPC spans and stays out of the logs.
+    /// Also opens a span per operation: for a store called in process (the
+    /// all-in-one), where no gRPC span shows the call. Behind the gRPC
+    /// server the server span already does, so it stays off there.
+    pub fn with_spans(mut self) -> Self {
+        self.spans = true;
+        self
+    }
+
+    /// Times `call` (inside a span of its own when asked for). The span's
+    /// target is under `otel`: exported with the traces, kept out of the
+    /// logs.
     async fn timed<T>(
         &self,
         operation: Operation,
         call: impl Future<Output = StoreResult<T>>,
     ) -> StoreResult<T> {
-        let span = tracing::debug_span!(
-            target: "clawgate_telemetry::store",
+        let span = if !self.spans {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!(
+            target: "otel::store",
             "store.operation",
             otel.name = operation.span_name(),
             store.operation = operation.as_str(),
             otel.status_code = tracing::field::Empty,
             error.type = tracing::field::Empty,
-        );
+            )
+        };
         let started = Instant::now();
         let result = call.instrument(span.clone()).await;
         self.metrics.observe(operation, result.is_ok(), started);

@@ -7,9 +7,11 @@
 //!   (spans are still built, queued and counted as failed);
 //! * `live collector`: an in-process OTLP receiver accepts everything.
 //!
-//! Rounds alternate between the set-ups so that drift of the machine hits
-//! them alike; each request waits for its run to finish, so no backlog of
-//! runs skews later ACKs. Numbers for docs/benchmarks.md, not assertions.
+//! The three clusters run side by side and requests go to them in turn, one
+//! at a time, so that drift of the machine and background work (the live
+//! cluster's exports) hit all three alike; each request waits for its run
+//! to finish, so no backlog of runs skews later ACKs. Numbers for
+//! docs/benchmarks.md, not assertions.
 //!
 //! Run: `cargo build --release --bins && cargo bench -p clawgate-system-tests
 //! --bench trace_overhead`. Without `--bench` (under `cargo test
@@ -60,26 +62,24 @@ async fn start(setup: Setup, receiver: &TraceReceiver) -> Cluster {
     builder.env("OTEL_BSP_SCHEDULE_DELAY", "200").start().await
 }
 
-/// Sends `count` chat.send one after another; returns each ACK latency (µs).
-async fn acks(client: &mut EdgeClient, round: usize, count: usize) -> Vec<u64> {
-    let mut latencies = Vec::with_capacity(count);
-    for n in 0..count {
-        let run_id = format!("bench-{round}-{n}-{}", std::process::id());
-        let params = json!({
-            "sessionKey": format!("agent:main:bench-{}", n % 8),
-            "message": "hi",
-            "idempotencyKey": run_id,
-        });
-        let started = Instant::now();
-        let id = client
-            .send("chat.send", params, serde_json::Map::new())
-            .await;
-        let res = client.response(&id).await;
-        latencies.push(started.elapsed().as_micros() as u64);
-        assert_eq!(res["ok"], true, "{res}");
-        client.chat_end(&run_id).await;
-    }
-    latencies
+/// Sends request `n` (a chat.send) and waits for its run to end; returns
+/// the ACK latency (µs).
+async fn ack(client: &mut EdgeClient, n: usize) -> u64 {
+    let run_id = format!("bench-{n}-{}", std::process::id());
+    let params = json!({
+        "sessionKey": format!("agent:main:bench-{}", n % 8),
+        "message": "hi",
+        "idempotencyKey": run_id,
+    });
+    let started = Instant::now();
+    let id = client
+        .send("chat.send", params, serde_json::Map::new())
+        .await;
+    let res = client.response(&id).await;
+    let latency = started.elapsed().as_micros() as u64;
+    assert_eq!(res["ok"], true, "{res}");
+    client.chat_end(&run_id).await;
+    latency
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -89,15 +89,21 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (rounds, per_round, warmup) = if full { (6, 400, 100) } else { (1, 10, 2) };
+    let (requests, warmup) = if full { (3000, 200) } else { (10, 2) };
     let receiver = TraceReceiver::start().await;
-    let mut samples: Vec<Vec<u64>> = vec![Vec::new(); Setup::ALL.len()];
-    for round in 0..rounds {
-        for (index, setup) in Setup::ALL.into_iter().enumerate() {
-            let cluster = start(setup, &receiver).await;
-            let mut client = cluster.connect().await;
-            acks(&mut client, round * 10 + 9, warmup).await;
-            samples[index].extend(acks(&mut client, round * 10 + index, per_round).await);
+    let mut clusters = Vec::new();
+    for setup in Setup::ALL {
+        let cluster = start(setup, &receiver).await;
+        let client = cluster.connect().await;
+        clusters.push((cluster, client));
+    }
+    let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(requests); Setup::ALL.len()];
+    for n in 0..warmup + requests {
+        for (index, (_, client)) in clusters.iter_mut().enumerate() {
+            let latency = ack(client, n).await;
+            if n >= warmup {
+                samples[index].push(latency);
+            }
         }
     }
     println!("chat.send ACK latency through edge → coordinator → store (three processes), µs");
@@ -126,4 +132,20 @@ async fn main() {
         "spans received by the live collector: {}",
         receiver.spans().len()
     );
+    println!("\nCPU time per request, µs (edge / coordinator / store)");
+    for (setup, (cluster, _)) in Setup::ALL.into_iter().zip(&clusters) {
+        let per_request = |process: &clawgate_system_tests::cluster::Process| {
+            process.cpu_time().map_or_else(
+                || "?".to_owned(),
+                |cpu| (cpu.as_micros() / (warmup + requests) as u128).to_string(),
+            )
+        };
+        println!(
+            "{}: {} / {} / {}",
+            setup.label(),
+            per_request(&cluster.edge),
+            per_request(&cluster.coordinator),
+            per_request(&cluster.store)
+        );
+    }
 }

@@ -360,6 +360,18 @@ impl Process {
         format!("http://{}", self.address)
     }
 
+    /// CPU time the process used so far (user + system), from
+    /// `/proc/<pid>/stat`; `None` where that is not readable.
+    pub fn cpu_time(&self) -> Option<std::time::Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self._child.id()?)).ok()?;
+        // Fields after the command name, which is in parentheses.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // Linux reports in clock ticks of 1/100 s (USER_HZ).
+        Some(std::time::Duration::from_millis(ticks * 10))
+    }
+
     /// Every line the process wrote so far (stderr lines prefixed `stderr| `).
     pub fn output(&self) -> Vec<String> {
         self.output.lock().unwrap().clone()

@@ -92,12 +92,16 @@ async fn main() -> anyhow::Result<()> {
     let coordinator_listener = TcpListener::bind(cli.coordinator_listen).await?;
     let coordinator_metrics_listener = TcpListener::bind(cli.coordinator_metrics_listen).await?;
 
-    // The coordinator calls the store in process: the same checks, and its
-    // calls timed into the same series as the served ones.
-    let store = Arc::new(Metered::new(
-        Checked::new(backend.clone(), options.limits.clone()),
-        options.metrics.clone(),
-    ));
+    // The coordinator calls the store in process: the same checks, its
+    // calls timed into the same series as the served ones, and a span per
+    // call where a deployment would show the gRPC hop.
+    let store = Arc::new(
+        Metered::new(
+            Checked::new(backend.clone(), options.limits.clone()),
+            options.metrics.clone(),
+        )
+        .with_spans(),
+    );
     let store_stop = CancellationToken::new();
     let store_server = tokio::spawn(serve_store(
         backend,

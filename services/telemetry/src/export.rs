@@ -3,8 +3,10 @@
 //! Finished spans go into a bounded queue (`try_send`, never waits); one
 //! tokio task drains it in batches to the exporter, each export under a
 //! timeout. A full queue drops the span and counts it; a failed export
-//! counts the spans it carried and logs at most once a minute, so a dead
-//! collector costs a counter increment per span and nothing else.
+//! counts the spans it carried and logs at most once a minute. After a
+//! failure the exporter rests (1 s, doubling up to 30 s) and batches due in
+//! the meantime are dropped and counted without being encoded, so a dead
+//! collector costs little more than a counter increment per span.
 
 use std::fmt;
 use std::time::Duration;
@@ -14,7 +16,10 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use tokio::sync::{mpsc, oneshot};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 /// Queue and batch sizes, read from the standard `OTEL_BSP_*` variables.
@@ -105,14 +110,31 @@ impl ExportCounters {
     }
 }
 
-enum Message {
-    Span(Box<SpanData>),
-    Flush(oneshot::Sender<()>),
+/// Spans waiting for export, shared by the processor and the export task.
+struct Queue {
+    spans: Mutex<Vec<SpanData>>,
+    /// Callers of [`FlushHandle::flush`] waiting for the next export.
+    flushes: Mutex<Vec<oneshot::Sender<()>>>,
+    /// Wakes the export task: a batch is full, a flush is asked for, or
+    /// the processor shut down.
+    wake: Notify,
+    closed: AtomicBool,
+    settings: QueueSettings,
 }
 
-/// The span processor: a bounded queue in front of one export task.
+impl Queue {
+    fn take(&self) -> Vec<SpanData> {
+        std::mem::take(&mut *self.spans.lock().unwrap())
+    }
+}
+
+/// The span processor: a bounded queue in front of one export task. Ending
+/// a span takes a short lock and wakes nobody until a batch is full; the
+/// export task otherwise runs once per `OTEL_BSP_SCHEDULE_DELAY`. (Waking
+/// it per span costs a thread wake-up per span, which on a busy machine is
+/// most of what tracing costs.)
 pub struct QueueProcessor {
-    queue: mpsc::Sender<Message>,
+    queue: Arc<Queue>,
     counters: ExportCounters,
 }
 
@@ -125,17 +147,16 @@ impl fmt::Debug for QueueProcessor {
 /// Flushes a [`QueueProcessor`] from async code.
 #[derive(Clone)]
 pub struct FlushHandle {
-    queue: mpsc::Sender<Message>,
+    queue: Arc<Queue>,
 }
 
 impl FlushHandle {
     /// Exports everything queued before this call; gives up after `limit`.
     pub async fn flush(&self, limit: Duration) {
         let (done, exported) = oneshot::channel();
-        // `send` (not `try_send`): a flush may wait for room, a span may not.
-        if self.queue.send(Message::Flush(done)).await.is_ok() {
-            let _ = tokio::time::timeout(limit, exported).await;
-        }
+        self.queue.flushes.lock().unwrap().push(done);
+        self.queue.wake.notify_one();
+        let _ = tokio::time::timeout(limit, exported).await;
     }
 }
 
@@ -147,8 +168,14 @@ impl QueueProcessor {
         settings: QueueSettings,
         counters: ExportCounters,
     ) -> (Self, FlushHandle) {
-        let (queue, spans) = mpsc::channel(settings.max_queue);
-        tokio::spawn(drain(exporter, spans, settings, counters.clone()));
+        let queue = Arc::new(Queue {
+            spans: Mutex::new(Vec::with_capacity(settings.max_batch)),
+            flushes: Mutex::new(Vec::new()),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+            settings,
+        });
+        tokio::spawn(drain(exporter, queue.clone(), counters.clone()));
         let flush = FlushHandle {
             queue: queue.clone(),
         };
@@ -163,8 +190,22 @@ impl SpanProcessor for QueueProcessor {
         if !span.span_context.is_sampled() {
             return;
         }
-        if self.queue.try_send(Message::Span(Box::new(span))).is_err() {
-            self.counters.dropped.inc();
+        let settings = &self.queue.settings;
+        let queued = {
+            let mut spans = self.queue.spans.lock().unwrap();
+            if spans.len() >= settings.max_queue || self.queue.closed.load(Ordering::Relaxed) {
+                None
+            } else {
+                spans.push(span);
+                Some(spans.len())
+            }
+        };
+        match queued {
+            None => {
+                self.counters.dropped.inc();
+            }
+            Some(len) if len == settings.max_batch => self.queue.wake.notify_one(),
+            Some(_) => {}
         }
     }
 
@@ -175,66 +216,58 @@ impl SpanProcessor for QueueProcessor {
     }
 
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        if self.queue.is_closed() {
+        if self.queue.closed.swap(true, Ordering::Relaxed) {
             return Err(OTelSdkError::AlreadyShutdown);
         }
+        self.queue.wake.notify_one();
         Ok(())
     }
 }
 
-async fn drain<E: SpanExporter>(
-    exporter: E,
-    mut queue: mpsc::Receiver<Message>,
-    settings: QueueSettings,
-    counters: ExportCounters,
-) {
-    let mut batch = Vec::with_capacity(settings.max_batch);
-    let mut failures = FailureLog::default();
+async fn drain<E: SpanExporter>(exporter: E, queue: Arc<Queue>, counters: ExportCounters) {
+    let settings = &queue.settings;
+    let mut failures = Failures::default();
     let mut ticks = tokio::time::interval(settings.delay);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let message = tokio::select! {
-            message = queue.recv() => message,
-            _ = ticks.tick() => {
-                export(&exporter, &mut batch, &settings, &counters, &mut failures).await;
-                continue;
-            }
-        };
-        match message {
-            Some(Message::Span(span)) => {
-                batch.push(*span);
-                if batch.len() >= settings.max_batch {
-                    export(&exporter, &mut batch, &settings, &counters, &mut failures).await;
-                }
-            }
-            Some(Message::Flush(done)) => {
-                export(&exporter, &mut batch, &settings, &counters, &mut failures).await;
-                let _ = done.send(());
-            }
-            None => {
-                export(&exporter, &mut batch, &settings, &counters, &mut failures).await;
-                let _ = exporter.shutdown();
-                return;
-            }
+        tokio::select! {
+            () = queue.wake.notified() => {}
+            _ = ticks.tick() => {}
+        }
+        // Flushes asked for before the spans are taken see them exported.
+        let flushes = std::mem::take(&mut *queue.flushes.lock().unwrap());
+        let mut spans = queue.take();
+        while !spans.is_empty() {
+            let rest = spans.split_off(spans.len().min(settings.max_batch));
+            export(&exporter, spans, settings, &counters, &mut failures).await;
+            spans = rest;
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+        if queue.closed.load(Ordering::Relaxed) {
+            let _ = exporter.shutdown();
+            return;
         }
     }
 }
 
 async fn export<E: SpanExporter>(
     exporter: &E,
-    batch: &mut Vec<SpanData>,
+    spans: Vec<SpanData>,
     settings: &QueueSettings,
     counters: &ExportCounters,
-    failures: &mut FailureLog,
+    failures: &mut Failures,
 ) {
-    if batch.is_empty() {
+    let count = spans.len() as u64;
+    if failures.resting() {
+        counters.failed.inc_by(count);
         return;
     }
-    let spans = std::mem::replace(batch, Vec::with_capacity(settings.max_batch));
-    let count = spans.len() as u64;
     let error = match tokio::time::timeout(settings.export_timeout, exporter.export(spans)).await {
         Ok(Ok(())) => {
             counters.exported.inc_by(count);
+            failures.recovered();
             return;
         }
         Ok(Err(error)) => error.to_string(),
@@ -244,29 +277,48 @@ async fn export<E: SpanExporter>(
     failures.record(&error);
 }
 
-/// Says that exports fail, at most once a minute.
+/// Failed exports: when to try again, and saying so at most once a minute.
 #[derive(Default)]
-struct FailureLog {
-    last: Option<Instant>,
-    since_last: u64,
+struct Failures {
+    rest_until: Option<Instant>,
+    rest: Duration,
+    last_log: Option<Instant>,
+    since_log: u64,
 }
 
-impl FailureLog {
-    const EVERY: Duration = Duration::from_secs(60);
+impl Failures {
+    const LOG_EVERY: Duration = Duration::from_secs(60);
+    const FIRST_REST: Duration = Duration::from_secs(1);
+    const LONGEST_REST: Duration = Duration::from_secs(30);
+
+    fn resting(&self) -> bool {
+        self.rest_until.is_some_and(|until| Instant::now() < until)
+    }
+
+    fn recovered(&mut self) {
+        self.rest = Duration::ZERO;
+        self.rest_until = None;
+    }
 
     fn record(&mut self, error: &str) {
-        self.since_last += 1;
-        if self.last.is_some_and(|at| at.elapsed() < Self::EVERY) {
+        self.rest = (self.rest * 2).clamp(Self::FIRST_REST, Self::LONGEST_REST);
+        self.rest_until = Some(Instant::now() + self.rest);
+        self.since_log += 1;
+        if self
+            .last_log
+            .is_some_and(|at| at.elapsed() < Self::LOG_EVERY)
+        {
             return;
         }
         tracing::warn!(
             target: "clawgate_telemetry::export",
-            failed_exports = self.since_last,
+            failed_exports = self.since_log,
+            retry_in = ?self.rest,
             %error,
             "exporting spans to the OTLP collector fails; spans are being dropped"
         );
-        self.last = Some(Instant::now());
-        self.since_last = 0;
+        self.last_log = Some(Instant::now());
+        self.since_log = 0;
     }
 }
 
@@ -276,7 +328,6 @@ mod tests {
     use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceFlags, TraceState};
     use opentelemetry::{SpanId, TraceId};
     use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
-    use std::sync::{Arc, Mutex};
 
     #[derive(Debug, Default, Clone)]
     struct Collecting {
@@ -365,8 +416,7 @@ mod tests {
         let counters = ExportCounters::default();
         let (processor, flush) =
             QueueProcessor::spawn(exporter.clone(), settings(3, 3), counters.clone());
-        // The export task cannot run until this test yields, so the queue
-        // holds exactly three spans and the rest drop.
+        // The queue holds three spans; the rest drop without waiting.
         for n in 0..8 {
             processor.on_end(span(n));
         }
@@ -389,5 +439,27 @@ mod tests {
         flush.flush(Duration::from_secs(5)).await;
         assert_eq!(counters.failed.get(), 2);
         assert_eq!(counters.exported.get(), 0);
+
+        // Resting after the failure: the next batch is counted, not sent.
+        processor.on_end(span(3));
+        flush.flush(Duration::from_secs(5)).await;
+        assert_eq!(counters.failed.get(), 3);
+        assert_eq!(*exporter.batches.lock().unwrap(), vec![2]);
+    }
+
+    #[test]
+    fn rests_double_up_to_a_limit_and_end_on_success() {
+        let mut failures = Failures::default();
+        failures.record("down");
+        assert_eq!(failures.rest, Duration::from_secs(1));
+        assert!(failures.resting());
+        for _ in 0..10 {
+            failures.record("down");
+        }
+        assert_eq!(failures.rest, Failures::LONGEST_REST);
+        failures.recovered();
+        assert!(!failures.resting());
+        failures.record("down");
+        assert_eq!(failures.rest, Duration::from_secs(1));
     }
 }

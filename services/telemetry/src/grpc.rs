@@ -238,8 +238,8 @@ where
 
 fn server_span<B>(request: &http::Request<B>) -> Span {
     let method = method_of(request);
-    let span = tracing::debug_span!(
-        target: "clawgate_telemetry::grpc",
+    let span = tracing::info_span!(
+        target: "otel::grpc",
         parent: None,
         "grpc.server",
         otel.name = method,
@@ -329,8 +329,8 @@ where
 
     fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
         let method = method_of(&request);
-        let span = tracing::debug_span!(
-            target: "clawgate_telemetry::grpc",
+        let span = tracing::info_span!(
+            target: "otel::grpc",
             "grpc.client",
             otel.name = method,
             otel.kind = "client",

@@ -39,11 +39,17 @@ pub mod otel {
 }
 pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, TracedChannel, traced_channel};
 
-/// Spans exported unless `CLAWGATE_TRACE_FILTER` says otherwise: the gRPC
-/// layer's spans (debug, so that they never reach the logs) and the
-/// services' own spans and the events inside them.
-const DEFAULT_TRACE_FILTER: &str = "clawgate_telemetry=debug,gateway_edge=info,\
-    run_coordinator=info,run_coordinator::trace=debug,session_store=info,clawgate=info";
+/// Spans exported unless `CLAWGATE_TRACE_FILTER` says otherwise: the
+/// trace-only ones (target `otel::…`: gRPC calls, store operations, run
+/// state events) and the services' own spans and the events inside them.
+/// Everything is at `info`: a `debug` directive anywhere would lift the
+/// process-wide level and make every `debug!` in h2, hyper and tonic pay
+/// for a filter check.
+const DEFAULT_TRACE_FILTER: &str =
+    "otel=info,gateway_edge=info,run_coordinator=info,session_store=info,clawgate=info";
+
+/// Targets of spans and events meant for traces only.
+const TRACE_ONLY_TARGET: &str = "otel";
 
 /// Log output format (`LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +131,7 @@ pub fn try_init(service: &str) -> anyhow::Result<Telemetry> {
         Ok("" | "text") | Err(_) => LogFormat::Text,
         Ok(other) => anyhow::bail!("LOG_FORMAT must be text or json, not {other:?}"),
     };
-    let log_filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let log_filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     // Colours only for a person at a terminal, never into a log pipeline.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -141,6 +147,11 @@ pub fn try_init(service: &str) -> anyhow::Result<Telemetry> {
         let layer = tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("clawgate"))
             .with_location(false)
+            .with_target(false)
+            // Nothing here reads `opentelemetry::Context::current()`: spans
+            // hand their context on explicitly, so entering a span (every poll
+            // of an instrumented future) need not start and attach it.
+            .with_context_activation(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
             .with_filter(filter);
@@ -153,6 +164,22 @@ pub fn try_init(service: &str) -> anyhow::Result<Telemetry> {
         .with(trace_layer)
         .try_init()?;
     Ok(Telemetry { provider, flush })
+}
+
+/// `RUST_LOG` (default `info`), keeping trace-only spans and events out of
+/// the logs unless it names them.
+fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    let directives = rust_log.filter(|d| !d.trim().is_empty()).unwrap_or("info");
+    let filter = EnvFilter::builder().parse_lossy(directives);
+    if directives.contains(TRACE_ONLY_TARGET) {
+        filter
+    } else {
+        filter.add_directive(
+            format!("{TRACE_ONLY_TARGET}=off")
+                .parse()
+                .expect("a valid directive"),
+        )
+    }
 }
 
 fn tracer_provider(

@@ -37,10 +37,14 @@ struct HeaderInjector<'a>(&'a mut http::HeaderMap);
 
 impl Injector for HeaderInjector<'_> {
     fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) = (
+        if let (Ok(name), Ok(mut value)) = (
             http::HeaderName::from_bytes(key.as_bytes()),
             http::HeaderValue::from_str(&value),
         ) {
+            // Every call's trace context is new: as "sensitive" HTTP/2 sends
+            // it without indexing, instead of churning the HPACK table and
+            // pushing out the headers that do repeat.
+            value.set_sensitive(true);
             self.0.insert(name, value);
         }
     }
