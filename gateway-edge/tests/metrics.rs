@@ -102,5 +102,12 @@ async fn a_chat_moves_every_service_metrics() {
     };
     assert!(operations("create_run") >= 1.0);
     assert!(operations("append") >= 1.0);
+
+    // Every service reports what happened to its spans (nothing exported
+    // here: no collector is configured, so nothing is dropped either).
+    for scrape in [&edge, &coordinator, &store] {
+        assert_eq!(scrape.value("clawgate_trace_spans_dropped_total", ""), 0.0);
+        assert_eq!(scrape.value("clawgate_trace_spans_failed_total", ""), 0.0);
+    }
     system.stop.cancel();
 }

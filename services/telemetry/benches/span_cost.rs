@@ -89,6 +89,17 @@ fn per_span(rounds: u32) -> Duration {
     started.elapsed() / (rounds * 2)
 }
 
+/// Logs as the services filter them: `info`, trace-only targets off.
+fn logs<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer;
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::sink)
+        .with_filter(tracing_subscriber::EnvFilter::new("info,otel=off"))
+}
+
 fn main() {
     let rounds = if std::env::args().any(|a| a == "--bench") {
         200_000
@@ -99,11 +110,7 @@ fn main() {
     let _guard = runtime.enter();
     propagation::install_propagator();
 
-    let off = tracing_subscriber::registry().with(
-        tracing_subscriber::fmt::layer()
-            .with_writer(std::io::sink)
-            .with_filter_level(),
-    );
+    let off = tracing_subscriber::registry().with(logs());
     let (off_cost, off_call) = tracing::subscriber::with_default(off, || {
         (per_span(rounds), per_server_call(&runtime, rounds / 4))
     });
@@ -116,38 +123,15 @@ fn main() {
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
         .build();
-    let on = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::sink)
-                .with_filter_level(),
-        )
-        .with(
-            tracing_opentelemetry::layer()
-                .with_tracer(provider.tracer("bench"))
-                .with_context_activation(false),
-        );
+    let on = tracing_subscriber::registry().with(logs()).with(
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("bench"))
+            .with_context_activation(false),
+    );
     let (on_cost, on_call) = tracing::subscriber::with_default(on, || {
         (per_span(rounds), per_server_call(&runtime, rounds / 4))
     });
     println!("| tracing | per span | per call through the server layer |\n|---|---|---|");
-    println!("| off (fmt layer only) | {off_cost:?} | {off_call:?} |");
+    println!("| off (logs only) | {off_cost:?} | {off_call:?} |");
     println!("| on, collector down | {on_cost:?} | {on_call:?} |");
-}
-
-trait InfoOnly<S> {
-    fn with_filter_level(
-        self,
-    ) -> tracing_subscriber::filter::Filtered<Self, tracing_subscriber::filter::LevelFilter, S>
-    where
-        Self: Sized;
-}
-
-impl<S: tracing::Subscriber, L: tracing_subscriber::Layer<S>> InfoOnly<S> for L {
-    fn with_filter_level(
-        self,
-    ) -> tracing_subscriber::filter::Filtered<Self, tracing_subscriber::filter::LevelFilter, S>
-    {
-        tracing_subscriber::Layer::with_filter(self, tracing_subscriber::filter::LevelFilter::INFO)
-    }
 }
