@@ -30,8 +30,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::propagation::{self, RECORDED_BAGGAGE};
 
+/// Which end of a call a span stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
+pub enum Side {
     Client,
     Server,
 }
@@ -192,26 +193,23 @@ impl<B: Body> Body for TracedBody<B> {
     }
 }
 
-/// Traces the calls a tonic server receives.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GrpcServerTraceLayer;
-
-impl<S> Layer<S> for GrpcServerTraceLayer {
-    type Service = GrpcServerTrace<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        GrpcServerTrace { inner }
-    }
+/// How one side of a call opens its span (and, for a client, hands the
+/// span's context on in the request).
+pub trait CallSide: Clone {
+    fn open<B>(&self, request: &mut http::Request<B>) -> (Span, Side);
 }
 
+/// A service whose calls are traced the way `K` says.
 #[derive(Debug, Clone)]
-pub struct GrpcServerTrace<S> {
+pub struct GrpcTrace<S, K> {
     inner: S,
+    side: K,
 }
 
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for GrpcServerTrace<S>
+impl<S, K, ReqBody, ResBody> Service<http::Request<ReqBody>> for GrpcTrace<S, K>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    K: CallSide,
 {
     type Response = http::Response<TracedBody<ResBody>>;
     type Error = S::Error;
@@ -221,48 +219,61 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let span = if untraced(request.uri().path()) {
-            Span::none()
+    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
+        let (span, side) = if untraced(request.uri().path()) {
+            (Span::none(), Side::Server)
         } else {
-            server_span(&request)
+            self.side.open(&mut request)
         };
         let inner = span.in_scope(|| self.inner.call(request));
         TracedFuture {
             inner,
             span: Some(span),
-            side: Side::Server,
+            side,
         }
     }
 }
 
-fn server_span<B>(request: &http::Request<B>) -> Span {
-    let method = method_of(request);
-    let span = tracing::info_span!(
-        target: "otel::grpc",
-        parent: None,
-        "grpc.server",
-        otel.name = method,
-        otel.kind = "server",
-        otel.status_code = Empty,
-        rpc.system.name = "grpc",
-        rpc.method = method,
-        rpc.response.status_code = Empty,
-        error.type = Empty,
-        run.id = Empty,
-        session.key = Empty,
-    );
-    if span.is_disabled() {
-        return span;
+/// Traces the calls a tonic server receives.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcServerTraceLayer;
+
+impl<S> Layer<S> for GrpcServerTraceLayer {
+    type Service = GrpcTrace<S, GrpcServerTraceLayer>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcTrace { inner, side: *self }
     }
-    let parent = propagation::extract(request.headers());
-    for key in RECORDED_BAGGAGE {
-        if let Some(value) = parent.baggage().get(key) {
-            span.record(key, value.as_str());
+}
+
+impl CallSide for GrpcServerTraceLayer {
+    fn open<B>(&self, request: &mut http::Request<B>) -> (Span, Side) {
+        let method = method_of(request);
+        let span = tracing::info_span!(
+            target: "otel::grpc",
+            parent: None,
+            "grpc.server",
+            otel.name = method,
+            otel.kind = "server",
+            otel.status_code = Empty,
+            rpc.system.name = "grpc",
+            rpc.method = method,
+            rpc.response.status_code = Empty,
+            error.type = Empty,
+            run.id = Empty,
+            session.key = Empty,
+        );
+        if !span.is_disabled() {
+            let parent = propagation::extract(request.headers());
+            for key in RECORDED_BAGGAGE {
+                if let Some(value) = parent.baggage().get(key) {
+                    span.record(key, value.as_str());
+                }
+            }
+            let _ = span.set_parent(parent);
         }
+        (span, Side::Server)
     }
-    let _ = span.set_parent(parent);
-    span
 }
 
 /// Where a client's calls go (`server.address`, `server.port`).
@@ -291,44 +302,19 @@ impl GrpcClientTraceLayer {
 }
 
 impl<S> Layer<S> for GrpcClientTraceLayer {
-    type Service = GrpcClientTrace<S>;
+    type Service = GrpcTrace<S, GrpcClientTraceLayer>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        GrpcClientTrace {
+        GrpcTrace {
             inner,
-            peer: self.peer.clone(),
+            side: self.clone(),
         }
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct GrpcClientTrace<S> {
-    inner: S,
-    peer: Arc<Peer>,
-}
-
-/// A tonic channel whose calls are traced.
-pub type TracedChannel = GrpcClientTrace<tonic::transport::Channel>;
-
-/// Wraps a channel to `endpoint` in the client trace layer.
-pub fn traced_channel(channel: tonic::transport::Channel, endpoint: &http::Uri) -> TracedChannel {
-    GrpcClientTraceLayer::new(endpoint).layer(channel)
-}
-
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for GrpcClientTrace<S>
-where
-    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
-{
-    type Response = http::Response<TracedBody<ResBody>>;
-    type Error = S::Error;
-    type Future = TracedFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
-        let method = method_of(&request);
+impl CallSide for GrpcClientTraceLayer {
+    fn open<B>(&self, request: &mut http::Request<B>) -> (Span, Side) {
+        let method = method_of(request);
         let span = tracing::info_span!(
             target: "otel::grpc",
             "grpc.client",
@@ -345,13 +331,16 @@ where
         if !span.is_disabled() {
             propagation::inject(&span.context(), request.headers_mut());
         }
-        let inner = span.in_scope(|| self.inner.call(request));
-        TracedFuture {
-            inner,
-            span: Some(span),
-            side: Side::Client,
-        }
+        (span, Side::Client)
     }
+}
+
+/// A tonic channel whose calls are traced.
+pub type TracedChannel = GrpcTrace<tonic::transport::Channel, GrpcClientTraceLayer>;
+
+/// Wraps a channel to `endpoint` in the client trace layer.
+pub fn traced_channel(channel: tonic::transport::Channel, endpoint: &http::Uri) -> TracedChannel {
+    GrpcClientTraceLayer::new(endpoint).layer(channel)
 }
 
 #[cfg(test)]
