@@ -20,6 +20,9 @@ use crate::receiver::{ExportedSpan, SpanKind, Spans};
 
 pub const SUBMIT: &str = "clawgate.run_coordinator.v1.RunCoordinator/Submit";
 pub const CREATE_RUN: &str = "clawgate.session_store.v1.SessionStore/CreateRun";
+pub const WAIT: &str = "clawgate.run_coordinator.v1.RunCoordinator/Wait";
+pub const CANCEL: &str = "clawgate.run_coordinator.v1.RunCoordinator/Cancel";
+pub const SUBSCRIBE: &str = "clawgate.run_coordinator.v1.RunCoordinator/Subscribe";
 
 /// A run sent with `chat.send` through the edge, as its spans must show it.
 #[derive(Debug, Clone, Copy)]
@@ -193,6 +196,22 @@ pub fn supersede_link(spans: &Spans, old_run: &str, new_run: &str) -> Result<(),
         .any(|s| s.links_to(old));
     ensure(linked, || {
         "neither run.admit nor run.execute of the new run links to the old run.execute".to_owned()
+    })
+}
+
+/// The coordinator's SERVER span of `method` (a fully-qualified gRPC method
+/// that acts on a run, like Cancel or Wait) links to `run_id`'s
+/// `run.execute` span.
+pub fn links_to_run(spans: &Spans, method: &str, run_id: &str) -> Result<(), String> {
+    let execute = spans.named("run.execute").with_attribute("run.id", run_id);
+    let execute = single(&execute, "run.execute span of the run")?;
+    let calls = spans
+        .named(method)
+        .of_service(Role::Coordinator.service_name())
+        .of_kind(SpanKind::Server);
+    ensure(!calls.is_empty(), || format!("no {method} SERVER span"))?;
+    ensure(calls.iter().any(|call| call.links_to(execute)), || {
+        format!("no {method} SERVER span links to the run's run.execute")
     })
 }
 

@@ -153,3 +153,38 @@ async fn a_request_frame_traceparent_is_the_parent_of_the_edge_span() {
     })
     .await;
 }
+
+/// A wait, a resume and a cancel acting on a run link to the run's
+/// execution, so the trace of each request leads to the run it observed or
+/// stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_resumes_and_cancels_link_to_the_run_they_act_on() {
+    let (receiver, cluster, mut client) = traced_cluster().await;
+
+    let long = "x".repeat(ECHO_CHUNKS);
+    let run_id = chat_send(&mut client, &long, json!({}), json!({})).await;
+    client.run_started(&run_id).await;
+    let waited = client
+        .request("agent.wait", json!({ "runId": run_id, "timeoutMs": 50 }))
+        .await;
+    assert_eq!(waited["ok"], true, "{waited}");
+    let resumed = client
+        .request("runs.resume", json!({ "runId": run_id }))
+        .await;
+    assert_eq!(resumed["ok"], true, "{resumed}");
+    let aborted = client
+        .request(
+            "chat.abort",
+            json!({ "sessionKey": SESSION, "runId": run_id }),
+        )
+        .await;
+    assert_eq!(aborted["payload"]["aborted"], true, "{aborted}");
+    client.chat_end(&run_id).await;
+
+    await_spans(&receiver, &cluster, |spans| {
+        contract::links_to_run(spans, contract::WAIT, &run_id)?;
+        contract::links_to_run(spans, contract::SUBSCRIBE, &run_id)?;
+        contract::links_to_run(spans, contract::CANCEL, &run_id)
+    })
+    .await;
+}
