@@ -112,7 +112,7 @@ impl RunTrace {
         *self.anchor.lock().unwrap() = span_context(span);
     }
 
-    /// The run waits in its lane from now until [`RunTrace::started`].
+    /// The run waits in its lane from now until [`RunTrace::dequeued`].
     pub fn queue(&self, run_id: &str, position: u32) {
         let span =
             tracing::info_span!("run.queued", run.id = run_id, run.queue_position = position);
