@@ -152,6 +152,12 @@ async fn main() -> anyhow::Result<()> {
         cli.coordinator_metrics_listen
     );
     println!("  data                            {}", cli.store);
+    if telemetry.exporting() {
+        let endpoint = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+            .unwrap_or_default();
+        println!("  traces (OTLP/gRPC)              {endpoint}");
+    }
 
     // On a signal: the edge says `shutdown` and closes its sockets, the
     // coordinator drains, and the store it writes to stops last.
