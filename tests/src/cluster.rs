@@ -263,7 +263,7 @@ async fn exit_status(child: &mut Child, stderr_done: JoinHandle<()>) -> Option<E
 
 /// Where cargo put binary `name`: the test executable lives in
 /// `target/<profile>/deps/`, the workspace's binaries in `target/<profile>/`.
-fn binary_path(name: &str) -> PathBuf {
+pub fn binary_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test executable's path");
     let mut dir = exe.parent().expect("the test executable's directory");
     if dir.file_name().is_some_and(|n| n == "deps") {
@@ -445,7 +445,7 @@ impl Cluster {
 
 /// Whether `GET path` answers 200 (a bare HTTP/1.1 exchange, enough for the
 /// edge's probes).
-async fn http_ok(address: SocketAddr, path: &str) -> bool {
+pub async fn http_ok(address: SocketAddr, path: &str) -> bool {
     let exchange = async {
         let mut stream = TcpStream::connect(address).await?;
         let request =

@@ -68,6 +68,15 @@ struct Cli {
     coordinator: CoordinatorArgs,
 }
 
+/// The addresses the listeners actually bound (a port 0 resolved).
+struct Bound {
+    store: SocketAddr,
+    store_metrics: SocketAddr,
+    coordinator: SocketAddr,
+    coordinator_metrics: SocketAddr,
+    edge: SocketAddr,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let telemetry = clawgate_telemetry::init("clawgate");
@@ -83,14 +92,25 @@ async fn main() -> anyhow::Result<()> {
         group_commit_max: 256,
         limits: cli.limits.clone(),
     };
-    let options = ServeOptions {
-        metrics_listener: Some(TcpListener::bind(cli.store_metrics_listen).await?),
-        ..ServeOptions::from(&store_config)
-    };
-    let backend = open_backend(&store_config).await?;
+    // Everything binds first, so that a port 0 becomes the real port that
+    // the edge is given and that is printed.
+    let store_metrics_listener = TcpListener::bind(cli.store_metrics_listen).await?;
     let store_listener = TcpListener::bind(cli.store_listen).await?;
     let coordinator_listener = TcpListener::bind(cli.coordinator_listen).await?;
     let coordinator_metrics_listener = TcpListener::bind(cli.coordinator_metrics_listen).await?;
+    let edge_listener = TcpListener::bind(cli.edge_listen).await?;
+    let bound = Bound {
+        store: store_listener.local_addr()?,
+        store_metrics: store_metrics_listener.local_addr()?,
+        coordinator: coordinator_listener.local_addr()?,
+        coordinator_metrics: coordinator_metrics_listener.local_addr()?,
+        edge: edge_listener.local_addr()?,
+    };
+    let options = ServeOptions {
+        metrics_listener: Some(store_metrics_listener),
+        ..ServeOptions::from(&store_config)
+    };
+    let backend = open_backend(&store_config).await?;
 
     // The coordinator calls the store in process: the same checks, its
     // calls timed into the same series as the served ones, and a span per
@@ -116,12 +136,11 @@ async fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     let mut edge_config = gateway_edge::config::EdgeConfig::with_token(
-        format!("http://{}", cli.coordinator_listen),
-        format!("http://{}", cli.store_listen),
+        format!("http://{}", bound.coordinator),
+        format!("http://{}", bound.store),
         &token,
     );
-    edge_config.listen = cli.edge_listen;
-    let edge_listener = TcpListener::bind(cli.edge_listen).await?;
+    edge_config.listen = bound.edge;
     let edge_stop = CancellationToken::new();
     let edge_server = tokio::spawn(gateway_edge::server::serve(
         edge_config,
@@ -129,27 +148,24 @@ async fn main() -> anyhow::Result<()> {
         edge_stop.clone().cancelled_owned(),
     ));
     println!("clawgate is up");
-    println!("  gateway (OpenClaw protocol v4)  ws://{}", cli.edge_listen);
+    println!("  gateway (OpenClaw protocol v4)  ws://{}", bound.edge);
     println!("  token                           {token}");
-    println!(
-        "  session store                   grpc://{}",
-        cli.store_listen
-    );
+    println!("  session store                   grpc://{}", bound.store);
     println!(
         "  run coordinator                 grpc://{}  (runtime: {:?})",
-        cli.coordinator_listen, cli.coordinator.runtime.runtime
+        bound.coordinator, cli.coordinator.runtime.runtime
     );
     println!(
         "  metrics                         http://{}/metrics (edge)",
-        cli.edge_listen
+        bound.edge
     );
     println!(
         "                                  http://{}/metrics (store)",
-        cli.store_metrics_listen
+        bound.store_metrics
     );
     println!(
         "                                  http://{}/metrics (coordinator)",
-        cli.coordinator_metrics_listen
+        bound.coordinator_metrics
     );
     println!("  data                            {}", cli.store);
     if telemetry.exporting() {

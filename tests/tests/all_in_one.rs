@@ -1,0 +1,110 @@
+//! The all-in-one `clawgate` binary exports one trace per run too: there
+//! the coordinator calls its store in process, and those calls must still
+//! show in the run's trace, as `store.<operation>` spans.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use clawgate_system_tests::client::OPERATOR_SCOPES;
+use clawgate_system_tests::cluster::{address_field, binary_path, http_ok};
+use clawgate_system_tests::{EdgeClient, Spans, TraceReceiver};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const TOKEN: &str = "all-in-one-token";
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Starts `clawgate` on port 0 everywhere, exporting to `receiver`; returns
+/// the process and the edge's address, read from its log.
+async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> (Child, SocketAddr) {
+    let any_port = "127.0.0.1:0";
+    let mut child = Command::new(binary_path("clawgate"))
+        .args(["--store", &data.join("store.redb").to_string_lossy()])
+        .args(["--store-listen", any_port, "--coordinator-listen", any_port])
+        .args(["--edge-listen", any_port, "--token", TOKEN])
+        .args(["--store-metrics-listen", any_port])
+        .args(["--coordinator-metrics-listen", any_port])
+        .args(["--echo-chunks", "2", "--echo-pace", "5ms"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("LOG_FORMAT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("clawgate starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let edge = tokio::time::timeout(DEADLINE, async {
+        while let Some(line) = lines.next_line().await.expect("readable output") {
+            if line.contains("gateway edge listening") {
+                return address_field(&line).expect("an address in the line");
+            }
+        }
+        panic!("clawgate exited before its edge listened");
+    })
+    .await
+    .expect("the edge listens in time");
+    // Keep draining the output so the pipe never fills.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let ready = tokio::time::timeout(DEADLINE, async {
+        while !http_ok(edge, "/readyz").await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    ready.await.expect("the edge becomes ready");
+    (child, edge)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_all_in_one_traces_its_in_process_store_calls() {
+    let receiver = TraceReceiver::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let (_clawgate, edge) = start_all_in_one(&receiver, data.path()).await;
+    let mut client = EdgeClient::connect(&format!("ws://{edge}"), TOKEN, OPERATOR_SCOPES).await;
+
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let sent = client
+        .request(
+            "chat.send",
+            json!({ "sessionKey": "agent:main:aio", "message": "hi", "idempotencyKey": run_id }),
+        )
+        .await;
+    assert_eq!(sent["ok"], true, "{sent}");
+    client.chat_end(&run_id).await;
+
+    let mut last = String::new();
+    let found = receiver
+        .wait_for(DEADLINE, |spans| match check(spans, &run_id) {
+            Ok(()) => true,
+            Err(why) => {
+                last = why;
+                false
+            }
+        })
+        .await;
+    assert!(found.is_some(), "{last}\n\n{}", receiver.dump());
+}
+
+/// The run's trace holds the edge's request, the execution and the store
+/// calls made in process, all from the one `clawgate` service.
+fn check(spans: &Spans, run_id: &str) -> Result<(), String> {
+    let execute = spans.named("run.execute").with_attribute("run.id", run_id);
+    let execute = execute.first().ok_or("no run.execute span for the run")?;
+    let trace = spans.of_trace(&execute.trace_id());
+    for name in ["chat.send", "run.admit", "store.create_run", "store.append"] {
+        if trace.named(name).is_empty() {
+            return Err(format!("no {name} span in the run's trace"));
+        }
+    }
+    let services = trace.services();
+    if services.len() != 1 || !services.contains("clawgate") {
+        return Err(format!("services {services:?}, not just clawgate"));
+    }
+    Ok(())
+}
