@@ -263,6 +263,10 @@ async fn exit_status(child: &mut Child, stderr_done: JoinHandle<()>) -> Option<E
 
 /// Where cargo put binary `name`: the test executable lives in
 /// `target/<profile>/deps/`, the workspace's binaries in `target/<profile>/`.
+/// `cargo test --workspace --all-targets` builds a package's binary only
+/// for a package with integration tests of its own (as the three services
+/// have); a test of another binary belongs in that binary's package, with
+/// `CARGO_BIN_EXE_<name>`.
 pub fn binary_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test executable's path");
     let mut dir = exe.parent().expect("the test executable's directory");

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use clawgate_system_tests::client::OPERATOR_SCOPES;
-use clawgate_system_tests::cluster::{address_field, binary_path, http_ok};
+use clawgate_system_tests::cluster::{address_field, http_ok};
 use clawgate_system_tests::{EdgeClient, Spans, TraceReceiver};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -20,7 +20,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 /// the process and the edge's address, read from its log.
 async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> (Child, SocketAddr) {
     let any_port = "127.0.0.1:0";
-    let mut child = Command::new(binary_path("clawgate"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_clawgate"))
         .args(["--store", &data.join("store.redb").to_string_lossy()])
         .args(["--store-listen", any_port, "--coordinator-listen", any_port])
         .args(["--edge-listen", any_port, "--token", TOKEN])
