@@ -1009,11 +1009,18 @@ mod tests {
     async fn list_sessions_walks_batches() {
         with_schema(|schema| async move {
             let store = open(&schema).await;
-            // More rows than one batch, the matches among the oldest.
+            // More rows than one batch, the matches among the oldest. Each
+            // in a millisecond of its own, so that the newest-first order
+            // the test expects is not left to ties (broken by key).
+            let mut last_ms = 0;
             for i in 0..LIST_BATCH + 20 {
+                while crate::store::now_ms() == last_ms {
+                    tokio::task::yield_now().await;
+                }
                 let mut req = acquire(&key(&format!("k{i:03}")), "r", None);
                 req.label = (i < 5).then(|| format!("Needle {i}"));
                 store.acquire_writer(req).await.unwrap();
+                last_ms = crate::store::now_ms();
             }
             let list = |limit, search: Option<&str>, updated_since_ms| {
                 let search = search.map(str::to_owned);
