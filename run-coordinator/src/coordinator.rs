@@ -289,7 +289,7 @@ impl Inner {
             },
             Err(_) => "rejected",
         };
-        span.in_scope(|| trace::record_admission(outcome));
+        trace::record_admission(&span, outcome);
         submitted
     }
 

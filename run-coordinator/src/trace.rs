@@ -60,10 +60,10 @@ pub fn admit_span(run_id: &str, session_key: &str) -> Span {
     span
 }
 
-/// Records how an admission ended (`accepted`, `in_flight`, `completed`,
-/// or an error).
-pub fn record_admission(outcome: &str) {
-    Span::current().record("run.admission", outcome);
+/// Records on `admit` (a [`admit_span`]) how the admission ended
+/// (`accepted`, `in_flight`, `completed`, or `rejected`).
+pub fn record_admission(admit: &Span, outcome: &str) {
+    admit.record("run.admission", outcome);
 }
 
 /// A state transition, as an event on the run's execution span when there
@@ -71,31 +71,21 @@ pub fn record_admission(outcome: &str) {
 /// trace, not three log lines per run.
 pub fn status_event(run: &Run, status: RunStatus) {
     let execution = run.trace.execution.lock().unwrap().clone();
-    match execution {
-        Some(span) => {
-            // Recorded once: a field recorded twice becomes two attributes.
-            if status.is_terminal() {
-                span.record("run.status", status.as_str());
-            }
-            tracing::event!(
-                target: "otel::run",
-                parent: &span,
-                tracing::Level::INFO,
-                { run.status = status.as_str() },
-                "run {}",
-                status.as_str()
-            );
-        }
-        None => {
-            tracing::event!(
-                target: "otel::run",
-                tracing::Level::INFO,
-                { run.status = status.as_str() },
-                "run {}",
-                status.as_str()
-            )
-        }
+    // Recorded once: a field recorded twice becomes two attributes.
+    if let Some(span) = &execution
+        && status.is_terminal()
+    {
+        span.record("run.status", status.as_str());
     }
+    let span = execution.unwrap_or_else(Span::current);
+    tracing::event!(
+        target: "otel::run",
+        parent: &span,
+        tracing::Level::INFO,
+        { run.status = status.as_str() },
+        "run {}",
+        status.as_str()
+    );
 }
 
 /// Links the current span (a cancel, a wait, a resume) to the run it acts on.

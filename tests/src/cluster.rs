@@ -10,8 +10,8 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use clawgate_telemetry::metrics::http_request;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -191,12 +191,7 @@ impl ClusterBuilder {
                 .map(|(_, a)| a.clone()),
         );
         let mut command = Command::new(binary_path(role.binary()));
-        command
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        command.args(&args);
         for (key, _) in std::env::vars_os() {
             if is_scrubbed(&key) {
                 command.env_remove(key);
@@ -213,38 +208,7 @@ impl ClusterBuilder {
         {
             command.env(key, value);
         }
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", role.binary()));
-        let output = Arc::new(Mutex::new(Vec::new()));
-        let (announce, announced) = oneshot::channel();
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        tokio::spawn(collect(stdout, output.clone(), "", Some((role, announce))));
-        let stderr_done = tokio::spawn(collect(stderr, output.clone(), "stderr| ", None));
-        let address = match tokio::time::timeout(START_TIMEOUT, announced).await {
-            Ok(Ok(address)) => address,
-            // Stdout closed without the line: the process is exiting.
-            Ok(Err(_)) => {
-                let status = exit_status(&mut child, stderr_done).await;
-                panic!(
-                    "{} exited before announcing its address ({status:?}), args {args:?}:\n{}",
-                    role.binary(),
-                    output.lock().unwrap().join("\n")
-                );
-            }
-            Err(_) => panic!(
-                "{} did not announce its address within {START_TIMEOUT:?}:\n{}",
-                role.binary(),
-                output.lock().unwrap().join("\n")
-            ),
-        };
-        Process {
-            role,
-            address,
-            _child: child,
-            output,
-        }
+        Process::start(command, role.binary(), role.ready_message()).await
     }
 }
 
@@ -286,19 +250,19 @@ pub fn binary_path(name: &str) -> PathBuf {
 /// Reads `reader` line by line until it closes, keeping every line (with
 /// `prefix`) so that the pipe never fills and failures can show the log.
 /// With `announce`, sends the address of the first line that carries the
-/// role's ready message.
+/// ready message.
 async fn collect(
     reader: impl AsyncRead + Unpin,
     output: Arc<Mutex<Vec<String>>>,
     prefix: &'static str,
-    mut announce: Option<(Role, oneshot::Sender<SocketAddr>)>,
+    mut announce: Option<(&'static str, oneshot::Sender<SocketAddr>)>,
 ) {
     let mut lines = BufReader::new(reader).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let line = strip_ansi(&line);
         let ready = announce
             .as_ref()
-            .is_some_and(|(role, _)| line.contains(role.ready_message()));
+            .is_some_and(|(ready, _)| line.contains(ready));
         if let Some(address) = address_field(&line).filter(|_| ready)
             && let Some((_, sender)) = announce.take()
         {
@@ -351,14 +315,57 @@ fn strip_ansi(line: &str) -> String {
 
 /// A running service process; killed when dropped.
 pub struct Process {
-    pub role: Role,
+    /// The binary's name, for messages.
+    pub name: String,
     /// Where it listens.
     pub address: SocketAddr,
-    _child: Child,
+    child: Child,
     output: Arc<Mutex<Vec<String>>>,
 }
 
 impl Process {
+    /// Starts `command` (its output piped and kept, killed on drop) and
+    /// returns once it logged `ready` with an `address` field, or panics
+    /// with its output.
+    pub async fn start(mut command: Command, name: &str, ready: &'static str) -> Process {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let (announce, announced) = oneshot::channel();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        tokio::spawn(collect(stdout, output.clone(), "", Some((ready, announce))));
+        let stderr_done = tokio::spawn(collect(stderr, output.clone(), "stderr| ", None));
+        let args: Vec<_> = command.as_std().get_args().collect();
+        let address = match tokio::time::timeout(START_TIMEOUT, announced).await {
+            Ok(Ok(address)) => address,
+            // Stdout closed without the line: the process is exiting.
+            Ok(Err(_)) => {
+                let status = exit_status(&mut child, stderr_done).await;
+                panic!(
+                    "{name} exited before announcing its address ({status:?}), args {args:?}:\n{}",
+                    output.lock().unwrap().join("\n")
+                );
+            }
+            Err(_) => panic!(
+                "{name} did not announce its address within {START_TIMEOUT:?}:\n{}",
+                output.lock().unwrap().join("\n")
+            ),
+        };
+        Process {
+            name: name.to_owned(),
+            address,
+            child,
+            output,
+        }
+    }
+
     /// `http://address`, how the other services are given it.
     pub fn url(&self) -> String {
         format!("http://{}", self.address)
@@ -367,7 +374,7 @@ impl Process {
     /// CPU time the process used so far (user + system), from
     /// `/proc/<pid>/stat`; `None` where that is not readable.
     pub fn cpu_time(&self) -> Option<std::time::Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self._child.id()?)).ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()?)).ok()?;
         // Fields after the command name, which is in parentheses.
         let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
         let ticks: u64 =
@@ -432,37 +439,34 @@ impl Cluster {
         out
     }
 
-    /// Polls the edge's `/readyz` until it answers 200: the edge then
-    /// follows the coordinator's event stream, so no run event is missed.
+    /// Waits for the edge's `/readyz`: the edge then follows the
+    /// coordinator's event stream, so no run event is missed.
     async fn until_edge_ready(&self) {
-        let deadline = Instant::now() + START_TIMEOUT;
-        while !http_ok(self.edge.address, "/readyz").await {
-            assert!(
-                Instant::now() < deadline,
-                "the edge did not become ready within {START_TIMEOUT:?}:\n{}",
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_ready(self.edge.address, || self.output()).await;
     }
 }
 
-/// Whether `GET path` answers 200 (a bare HTTP/1.1 exchange, enough for the
-/// edge's probes).
-pub async fn http_ok(address: SocketAddr, path: &str) -> bool {
-    let exchange = async {
-        let mut stream = TcpStream::connect(address).await?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        std::io::Result::Ok(response)
-    };
-    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
-        Ok(Ok(response)) => response.starts_with("HTTP/1.1 200"),
-        _ => false,
+/// Polls `address`'s `/readyz` until it answers 200; panics after
+/// `START_TIMEOUT` with `output()`.
+pub async fn until_ready(address: SocketAddr, output: impl Fn() -> String) {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while !http_ok(address, "/readyz").await {
+        assert!(
+            Instant::now() < deadline,
+            "{address} did not become ready within {START_TIMEOUT:?}:\n{}",
+            output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Whether `GET path` answers 200 within 5 s.
+pub async fn http_ok(address: SocketAddr, path: &str) -> bool {
+    let exchange = http_request(address, "GET", path);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), exchange).await,
+        Ok(Ok(reply)) if reply.status == 200
+    )
 }
 
 #[cfg(test)]

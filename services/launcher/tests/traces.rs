@@ -2,25 +2,23 @@
 //! the coordinator calls its store in process, and those calls must still
 //! show in the run's trace, as `store.<operation>` spans.
 
-use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
 use clawgate_system_tests::client::OPERATOR_SCOPES;
-use clawgate_system_tests::cluster::{address_field, http_ok};
+use clawgate_system_tests::cluster::{Process, until_ready};
 use clawgate_system_tests::{EdgeClient, Spans, TraceReceiver};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const TOKEN: &str = "all-in-one-token";
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Starts `clawgate` on port 0 everywhere, exporting to `receiver`; returns
-/// the process and the edge's address, read from its log.
-async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> (Child, SocketAddr) {
+/// once its edge is ready.
+async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> Process {
     let any_port = "127.0.0.1:0";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_clawgate"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_clawgate"));
+    command
         .args(["--store", &data.join("store.redb").to_string_lossy()])
         .args(["--store-listen", any_port, "--coordinator-listen", any_port])
         .args(["--edge-listen", any_port, "--token", TOKEN])
@@ -32,41 +30,19 @@ async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> (
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .env_remove("OTEL_SERVICE_NAME")
-        .env_remove("LOG_FORMAT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("clawgate starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let edge = tokio::time::timeout(DEADLINE, async {
-        while let Some(line) = lines.next_line().await.expect("readable output") {
-            if line.contains("gateway edge listening") {
-                return address_field(&line).expect("an address in the line");
-            }
-        }
-        panic!("clawgate exited before its edge listened");
-    })
-    .await
-    .expect("the edge listens in time");
-    // Keep draining the output so the pipe never fills.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let ready = tokio::time::timeout(DEADLINE, async {
-        while !http_ok(edge, "/readyz").await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    ready.await.expect("the edge becomes ready");
-    (child, edge)
+        .env_remove("LOG_FORMAT");
+    let clawgate = Process::start(command, "clawgate", "gateway edge listening").await;
+    until_ready(clawgate.address, || clawgate.output().join("\n")).await;
+    clawgate
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_all_in_one_traces_its_in_process_store_calls() {
     let receiver = TraceReceiver::start().await;
     let data = tempfile::tempdir().unwrap();
-    let (_clawgate, edge) = start_all_in_one(&receiver, data.path()).await;
-    let mut client = EdgeClient::connect(&format!("ws://{edge}"), TOKEN, OPERATOR_SCOPES).await;
+    let clawgate = start_all_in_one(&receiver, data.path()).await;
+    let url = format!("ws://{}", clawgate.address);
+    let mut client = EdgeClient::connect(&url, TOKEN, OPERATOR_SCOPES).await;
 
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let sent = client
