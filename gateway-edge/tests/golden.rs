@@ -6,27 +6,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use common::*;
 use serde_json::Value;
 
-fn captures_dir() -> PathBuf {
-    std::env::var_os("OPENCLAW_CAPTURES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/protocol/captures")
-        })
-}
-
 /// One recorded connection: its lines in order.
 fn connections(file: &str) -> BTreeMap<u64, Vec<Value>> {
-    let path = captures_dir().join(file);
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let mut conns: BTreeMap<u64, Vec<Value>> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let record: Value = serde_json::from_str(line).unwrap();
+    for record in captures::records(file) {
         conns
             .entry(record["conn"].as_u64().unwrap())
             .or_default()

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
@@ -901,20 +900,6 @@ async fn healthz_and_readyz_answer_over_plain_http() {
 // Replays of the recorded official clients
 // ---------------------------------------------------------------------------
 
-fn capture(file: &str) -> Option<Vec<Value>> {
-    let dir = match std::env::var_os("OPENCLAW_CAPTURES_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/protocol/captures"),
-    };
-    let text = std::fs::read_to_string(dir.join(file)).ok()?;
-    Some(
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect(),
-    )
-}
-
 fn recorded_frames<'a>(records: &'a [Value], conn: u64, dir: &str) -> Vec<&'a Value> {
     records
         .iter()
@@ -937,10 +922,7 @@ fn recorded_server_close(records: &[Value], conn: u64) -> (u16, String) {
 /// Replays a recorded rejected `connect` and compares the error and the
 /// close with what the real gateway answered.
 async fn replay_rejected_connect(url: &str, file: &str, conn: u64) {
-    let Some(records) = capture(file) else {
-        eprintln!("captures not found; skipping {file}");
-        return;
-    };
+    let records = captures::records(file);
     let sent = recorded_frames(&records, conn, "c2s")[0];
     assert_eq!(sent["method"], "connect");
     let recorded = recorded_frames(&records, conn, "s2c")
@@ -973,11 +955,7 @@ async fn recorded_rejections_are_answered_like_the_real_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_recorded_probe_gets_the_recorded_answers() {
     let (system, url) = start(|_| {}).await;
-    let Some(records) = capture("12-status-probe-commands.jsonl") else {
-        eprintln!("captures not found; skipping");
-        system.stop.cancel();
-        return;
-    };
+    let records = captures::records("12-status-probe-commands.jsonl");
     let sent = recorded_frames(&records, 2, "c2s");
     let recorded = recorded_frames(&records, 2, "s2c");
     let (mut ws, _) = open(&url).await;

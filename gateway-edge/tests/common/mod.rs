@@ -3,6 +3,8 @@
 //! any number of gateway edges in front; plus a small WebSocket client.
 #![allow(dead_code)]
 
+pub mod captures;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

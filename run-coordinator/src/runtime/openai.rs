@@ -742,7 +742,7 @@ impl Turn {
                     model = %self.model,
                     error = %e,
                     payload = %truncate(payload, 200),
-                    "skipping an SSE payload that is not JSON"
+                    "ignoring an SSE payload that is not JSON"
                 );
                 Ok(Flow::Continue)
             }
