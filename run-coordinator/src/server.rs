@@ -11,6 +11,7 @@ use clawgate_telemetry::metrics::spawn_metrics_server;
 use session_store::grpc::client::RemoteStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::server::NamedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -68,14 +69,17 @@ pub async fn serve_coordinator(
     health
         .set_serving::<RunCoordinatorServer<RunCoordinatorService>>()
         .await;
-    let reflection =
-        clawgate_common::reflection_service().context("building the reflection service")?;
+    let (reflection, reflection_v1alpha) = clawgate_common::reflection_services(&[
+        <RunCoordinatorServer<RunCoordinatorService> as NamedService>::NAME,
+    ])
+    .context("building the reflection service")?;
     let address = listener.local_addr()?;
     tracing::info!(%address, epoch = coordinator.epoch(), "run coordinator serving gRPC");
     Server::builder()
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(service)
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),

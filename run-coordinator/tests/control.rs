@@ -400,5 +400,12 @@ async fn health_and_reflection_are_served() {
         status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
+    // Both reflection versions list exactly what this server serves (not
+    // the store or the runtime, whose descriptors share the set).
+    clawgate_system_tests::reflection::assert_lists_exactly(
+        &cluster.coordinator_url,
+        &["clawgate.run_coordinator.v1.RunCoordinator"],
+    )
+    .await;
     cluster.finish().await;
 }

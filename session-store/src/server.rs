@@ -9,6 +9,7 @@ use anyhow::Context;
 use clawgate_proto::session_store::v1::session_store_server::SessionStoreServer;
 use clawgate_telemetry::metrics::spawn_metrics_server;
 use tokio::net::TcpListener;
+use tonic::server::NamedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -123,8 +124,10 @@ pub async fn serve_store(
     health
         .set_serving::<SessionStoreServer<SessionStoreService>>()
         .await;
-    let reflection =
-        clawgate_common::reflection_service().context("building the reflection service")?;
+    let (reflection, reflection_v1alpha) = clawgate_common::reflection_services(&[
+        <SessionStoreServer<SessionStoreService> as NamedService>::NAME,
+    ])
+    .context("building the reflection service")?;
 
     let purger = tokio::spawn(purge_expired_runs(
         store,
@@ -138,6 +141,7 @@ pub async fn serve_store(
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(grpc)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;

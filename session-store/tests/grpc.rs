@@ -57,50 +57,12 @@ async fn health_answers_serving() {
     server.stop().await;
 }
 
+/// Both reflection versions list exactly what this server serves (not the
+/// coordinator or the runtime, whose descriptors share the set).
 #[tokio::test]
-async fn reflection_lists_the_service() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-
+async fn reflection_lists_exactly_the_served_services() {
     let server = TestServer::start(Arc::new(MemoryStore::new()), ServeOptions::default()).await;
-    let mut client = ServerReflectionClient::new(channel(&server).await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let response = responses.message().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
-        panic!("unexpected reflection answer: {response:?}");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.iter().any(|n| n == SERVICE), "{names:?}");
-    assert!(
-        names.iter().any(|n| n == "grpc.health.v1.Health"),
-        "{names:?}"
-    );
-
-    // The descriptor of the service resolves too (what grpcurl needs).
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(SERVICE.to_owned())),
-    };
-    let mut responses = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let response = responses.message().await.unwrap().unwrap();
-    assert!(matches!(
-        response.message_response,
-        Some(MessageResponse::FileDescriptorResponse(_))
-    ));
+    clawgate_system_tests::reflection::assert_lists_exactly(&server.url(), &[SERVICE]).await;
     server.stop().await;
 }
 

@@ -1,5 +1,5 @@
 //! What every clawgate binary and service shares: the shutdown signal,
-//! duration flags and the gRPC reflection service (logging and tracing are
+//! duration flags and gRPC server reflection (logging and tracing are
 //! in `clawgate-telemetry`).
 
 use std::time::Duration;
@@ -47,17 +47,53 @@ pub fn parse_duration(raw: &str) -> Result<Duration, String> {
     }
 }
 
-/// Server reflection over every clawgate proto and gRPC health.
-pub fn reflection_service() -> Result<
-    tonic_reflection::server::v1::ServerReflectionServer<
-        impl tonic_reflection::server::v1::ServerReflection,
-    >,
+/// The name of gRPC health (`grpc.health.v1.Health`), served by every server.
+pub const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
+/// The reflection services, both served by every server: `v1`, and
+/// `v1alpha` for the tools that only speak that (Python's grpcio-reflection,
+/// older grpcurl, several GUI clients).
+pub const REFLECTION_SERVICES: [&str; 2] = [
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+];
+
+/// Server reflection for a server that serves `served` (fully-qualified
+/// service names, e.g. `RunCoordinatorServer::<S>::NAME`), in both versions.
+/// Each lists exactly what the server answers: `served`, health and the two
+/// reflection services, never another clawgate service whose descriptor
+/// happens to share the descriptor set. Every descriptor stays resolvable, so
+/// a listed service's messages (and what they import) can be described.
+#[allow(clippy::type_complexity)]
+pub fn reflection_services(
+    served: &[&str],
+) -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
     tonic_reflection::server::Error,
 > {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(clawgate_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
+    let builder = || {
+        let builder = tonic_reflection::server::Builder::configure()
+            .include_reflection_service(false)
+            .register_encoded_file_descriptor_set(clawgate_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            );
+        served
+            .iter()
+            .copied()
+            .chain([HEALTH_SERVICE])
+            .chain(REFLECTION_SERVICES)
+            .fold(builder, |builder, name| builder.with_service_name(name))
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
 #[cfg(test)]
