@@ -5,50 +5,37 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+use clawgate_system_tests::process::{Process, service_command};
 use common::*;
 use run_coordinator::runtime::grpc::serve_runtime;
 use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
 use session_store::grpc::client::RemoteStore;
 use session_store::model::RunStatus;
 use tokio::net::TcpListener;
-use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::transport::server::TcpIncoming;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_coordinator(port: u16, store_url: &str, runtime_url: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_run-coordinator"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+/// The real binary, every listener on port 0.
+async fn start_coordinator(store_url: &str, runtime_url: &str) -> Process {
+    let mut command = service_command(env!("CARGO_BIN_EXE_run-coordinator"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--store-address", store_url])
         .args(["--runtime", "grpc", "--runtime-address", runtime_url])
-        .args(["--max-executing", "1"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the run-coordinator binary")
+        .args(["--max-executing", "1"]);
+    Process::start(command, "run-coordinator", "run coordinator serving gRPC").await
 }
 
-async fn connect_when_up(port: u16) -> RunCoordinatorClient<Channel> {
+async fn connect_when_up(process: &Process) -> RunCoordinatorClient<Channel> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(mut client) =
-            RunCoordinatorClient::connect(format!("http://127.0.0.1:{port}")).await
+        if let Ok(mut client) = RunCoordinatorClient::connect(process.url()).await
             && client
                 .list_active(pb::ListActiveRequest::default())
                 .await
@@ -58,7 +45,8 @@ async fn connect_when_up(port: u16) -> RunCoordinatorClient<Channel> {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the coordinator did not come up"
+            "the coordinator did not answer:\n{}",
+            process.output().join("\n")
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -86,9 +74,8 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest() {
             ),
     );
 
-    let port = free_port();
-    let mut child = start_coordinator(port, &store_url, &runtime_url);
-    let mut client = connect_when_up(port).await;
+    let mut process = start_coordinator(&store_url, &runtime_url).await;
+    let mut client = connect_when_up(&process).await;
     let long = "a long answer ".repeat(20);
     submit(&mut client, submit_req("doomed", "main", &long)).await;
     submit(
@@ -117,11 +104,10 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    child.start_kill().unwrap(); // SIGKILL
-    child.wait().await.unwrap();
+    process.kill().await; // SIGKILL
 
-    let mut child = start_coordinator(port, &store_url, &runtime_url);
-    let mut client = connect_when_up(port).await;
+    let mut process = start_coordinator(&store_url, &runtime_url).await;
+    let mut client = connect_when_up(&process).await;
     let lost = finished(&mut client, "doomed").await;
     assert_eq!(status(&lost), RunStatus::Lost);
     assert_eq!(lost.error.as_ref().unwrap().kind, "lost");
@@ -144,7 +130,6 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest() {
     assert_eq!(counts.get("doomed"), Some(&1));
     assert_eq!(counts.get("queued-same"), Some(&1));
     assert_eq!(counts.get("queued-other"), Some(&1));
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
+    process.kill().await;
     stop.cancel();
 }

@@ -4,50 +4,41 @@
 
 mod suite;
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use clawgate_system_tests::process::{Process, service_command};
 use session_store::SessionStore;
 use session_store::grpc::client::RemoteStore;
 use session_store::model::*;
 use suite::key;
-use tokio::process::{Child, Command};
 
 const WRITERS: usize = 8;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(store_file: &std::path::Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_session-store"))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
+/// The real binary on `store_file`, every listener on port 0.
+async fn start(store_file: &std::path::Path) -> Process {
+    let mut command = service_command(env!("CARGO_BIN_EXE_session-store"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .arg("--store")
-        .arg(store_file)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the session-store binary")
+        .arg(store_file);
+    Process::start(command, "session-store", "session store serving gRPC").await
 }
 
-/// Connects once the child answers, or fails after a deadline.
-async fn connect(port: u16) -> RemoteStore {
+/// Connects once the process answers, or fails after a deadline.
+async fn connect(process: &Process) -> RemoteStore {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(remote) = RemoteStore::connect(&format!("http://127.0.0.1:{port}")).await
+        if let Ok(remote) = RemoteStore::connect(&process.url()).await
             && remote.get_session(&key("probe")).await.is_ok()
         {
             return remote;
         }
-        assert!(Instant::now() < deadline, "session-store did not come up");
+        assert!(
+            Instant::now() < deadline,
+            "session-store did not answer:\n{}",
+            process.output().join("\n")
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -104,9 +95,8 @@ async fn writer(index: usize, store: RemoteStore, acked: Arc<Mutex<Acked>>) {
 async fn acknowledged_appends_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let store_file = dir.path().join("store.redb");
-    let port = free_port();
-    let mut child = start(&store_file, port);
-    let store = connect(port).await;
+    let mut process = start(&store_file).await;
+    let store = connect(&process).await;
 
     let acked = Arc::new(Mutex::new(Acked::default()));
     let writers: Vec<_> = (0..WRITERS)
@@ -121,15 +111,14 @@ async fn acknowledged_appends_survive_sigkill() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    child.start_kill().unwrap(); // SIGKILL
-    child.wait().await.unwrap();
+    process.kill().await; // SIGKILL
     for w in writers {
         w.await.unwrap();
     }
     let acked = std::mem::take(&mut *acked.lock().unwrap());
 
-    let mut child = start(&store_file, port);
-    let store = connect(port).await;
+    let mut process = start(&store_file).await;
+    let store = connect(&process).await;
     for index in 0..WRITERS {
         let k = key(&format!("crash-{index}"));
         let mine: Vec<&(String, u64, String)> = acked
@@ -172,6 +161,5 @@ async fn acknowledged_appends_survive_sigkill() {
         "crash: {} acknowledged appends survived SIGKILL",
         acked.entries.len()
     );
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
+    process.kill().await;
 }

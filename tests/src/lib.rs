@@ -7,6 +7,7 @@
 pub mod client;
 pub mod cluster;
 pub mod contract;
+pub mod process;
 pub mod receiver;
 pub mod reflection;
 
