@@ -2,19 +2,23 @@
 //! execution through an agent runtime, per-run event logs, wait, cancel and
 //! supersede.
 //!
-//! `coordinator` (admission, lanes, cancel, wait, the terminal path),
+//! `coordinator` (state and API), `admission`, `lanes`, `control` (cancel,
+//! wait, drain), `terminal` (the shared terminal path),
 //! `executor` (one run's execution), `recovery` (after a restart), `events`
 //! (run event logs), `runtime` (echo, OpenAI-compatible, external gRPC),
 //! `grpc` (the tonic adapter), `server` (`serve(config, listener, shutdown)`),
 //! `metrics` (Prometheus).
 
+mod admission;
 pub mod cli;
 pub mod config;
+mod control;
 pub mod coordinator;
 pub mod error;
 pub mod events;
 mod executor;
 pub mod grpc;
+mod lanes;
 pub mod local;
 mod metrics;
 pub mod model;
@@ -22,6 +26,7 @@ mod recovery;
 pub mod run;
 pub mod runtime;
 pub mod server;
+mod terminal;
 pub mod trace;
 
 pub use coordinator::Coordinator;

@@ -1,0 +1,245 @@
+//! Admission: one decision per idempotency key. A submit is validated,
+//! registered in the run table (a retry of the same key waits for that
+//! decision and shares it), made durable (`CreateRun`), and only then put in
+//! its lane; the caller's ACK follows the durable record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use session_store::model::NewRun;
+use session_store::store::now_ms;
+use session_store::{SessionKey, SessionStore};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::coordinator::{Inner, State, spec_of};
+use crate::error::{CoordinatorError, CoordinatorResult};
+use crate::model::*;
+use crate::run::Run;
+use crate::trace;
+
+/// The digest a retry of the same intent must match.
+fn fingerprint(key: &SessionKey, spec: &RunSpec) -> String {
+    let canonical = serde_json::json!({
+        "kind": spec.kind,
+        "session": key.as_str(),
+        "message": spec.message,
+        "options": spec.options,
+        "timeoutMs": spec.timeout_ms,
+    });
+    let digest = Sha256::digest(canonical.to_string().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Inner {
+    fn validate(&self, req: &SubmitRequest) -> CoordinatorResult<()> {
+        session_store::model::validate_run_id(&req.run_id)?;
+        let spec = &req.spec;
+        if spec.message.trim().is_empty() {
+            return Err(CoordinatorError::invalid("message must not be empty"));
+        }
+        if spec.message.len() > self.config.max_message_bytes {
+            return Err(CoordinatorError::invalid(format!(
+                "message is {} bytes; the maximum is {}",
+                spec.message.len(),
+                self.config.max_message_bytes
+            )));
+        }
+        if spec.kind.is_empty() || spec.kind.len() > 64 {
+            return Err(CoordinatorError::invalid("kind must be 1..64 characters"));
+        }
+        if !spec.options.is_object() {
+            return Err(CoordinatorError::invalid("options must be a JSON object"));
+        }
+        if spec.options.to_string().len() > self.config.max_options_bytes {
+            return Err(CoordinatorError::invalid(format!(
+                "options are larger than {} bytes",
+                self.config.max_options_bytes
+            )));
+        }
+        if let Some(ms) = spec.timeout_ms
+            && Duration::from_millis(ms) > self.config.max_run_timeout
+        {
+            return Err(CoordinatorError::invalid(format!(
+                "timeoutMs must be at most {}",
+                self.config.max_run_timeout.as_millis()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        req: SubmitRequest,
+    ) -> CoordinatorResult<Submitted> {
+        let span = trace::admit_span(&req.run_id, req.session_key.as_str());
+        let submitted = self.submit_traced(req).instrument(span.clone()).await;
+        let outcome = match &submitted {
+            Ok(done) => match done.admission {
+                Admission::Accepted => "accepted",
+                Admission::InFlight => "in_flight",
+                Admission::Completed => "completed",
+            },
+            Err(_) => "rejected",
+        };
+        trace::record_admission(&span, outcome);
+        submitted
+    }
+
+    async fn submit_traced(self: &Arc<Self>, req: SubmitRequest) -> CoordinatorResult<Submitted> {
+        self.validate(&req)?;
+        let fingerprint = fingerprint(&req.session_key, &req.spec);
+        let run = loop {
+            let existing = {
+                let mut state = self.lock();
+                if state.draining {
+                    return Err(CoordinatorError::Draining);
+                }
+                self.evict(&mut state);
+                match state.runs.get(&req.run_id) {
+                    Some(run) => run.clone(),
+                    None => {
+                        if req.spec.queue_mode == QueueMode::Reject
+                            && let Some(blocking) = self.lane_blocker(&state, &req.session_key)
+                        {
+                            let blocking = self.snapshot_locked(&state, &blocking);
+                            return Err(CoordinatorError::SessionBusy {
+                                blocking: Box::new(blocking),
+                            });
+                        }
+                        let run = Arc::new(Run::new(
+                            req.run_id.clone(),
+                            req.session_key.clone(),
+                            req.spec.clone(),
+                            fingerprint.clone(),
+                            now_ms(),
+                            self.epoch.clone(),
+                        ));
+                        run.trace.admitted_in(&tracing::Span::current());
+                        state.runs.insert(req.run_id.clone(), run.clone());
+                        break run;
+                    }
+                }
+            };
+            // Another submit of this key is being admitted: its decision is ours.
+            existing.admission_done().await;
+            let still_there = self
+                .lock()
+                .runs
+                .get(&req.run_id)
+                .is_some_and(|r| Arc::ptr_eq(r, &existing));
+            if still_there {
+                return self.answer_existing(&existing, &fingerprint);
+            }
+        };
+        let admitted = self.admit(&run, &req).await;
+        if admitted.is_err()
+            || admitted
+                .as_ref()
+                .is_ok_and(|s| s.admission != Admission::Accepted)
+        {
+            // The placeholder goes; a run from the record may have replaced it.
+            let mut state = self.lock();
+            if state
+                .runs
+                .get(&req.run_id)
+                .is_some_and(|r| Arc::ptr_eq(r, &run))
+            {
+                state.runs.remove(&req.run_id);
+            }
+        }
+        run.mark_admitted();
+        admitted
+    }
+
+    /// Writes the durable record, then registers the run in its lane.
+    async fn admit(
+        self: &Arc<Self>,
+        run: &Arc<Run>,
+        req: &SubmitRequest,
+    ) -> CoordinatorResult<Submitted> {
+        let request_json = serde_json::to_string(&req.spec)
+            .map_err(|e| CoordinatorError::Internal(e.to_string()))?;
+        let created = self
+            .store
+            .create_run(NewRun {
+                run_id: req.run_id.clone(),
+                session_key: req.session_key.clone(),
+                kind: req.spec.kind.clone(),
+                fingerprint: run.fingerprint.clone(),
+                status: RunStatus::Queued,
+                owner: self.epoch.clone(),
+                request_json,
+            })
+            .await?;
+        if !created.created {
+            // Known to the store but not to this instance's memory: an
+            // evicted or pre-restart run. The record answers.
+            let record = created.record;
+            let known = Arc::new(Run::from_record(
+                &record,
+                spec_of(&record),
+                record.owner.clone(),
+            ));
+            if created.fingerprint_mismatch {
+                return Err(CoordinatorError::KeyReused {
+                    existing: Box::new(self.snapshot(&known)),
+                });
+            }
+            let admission = if record.status.is_terminal() {
+                let mut state = self.lock();
+                state.runs.insert(known.id.clone(), known.clone());
+                state.finished.push_back((Instant::now(), known.id.clone()));
+                Admission::Completed
+            } else {
+                Admission::InFlight
+            };
+            return Ok(Submitted {
+                admission,
+                snapshot: self.snapshot(&known),
+                accepted_at_ms: record.created_at_ms,
+            });
+        }
+        run.state().record_version = created.record.version;
+        self.hub.open(&run.id, run.key.as_str());
+        let to_start = {
+            let mut state = self.lock();
+            self.enqueue_queued(&mut state, run);
+            self.pump(&mut state)
+        };
+        let snapshot = self.snapshot(run);
+        self.spawn_all(to_start);
+        Ok(Submitted {
+            admission: Admission::Accepted,
+            snapshot,
+            accepted_at_ms: run.created_at_ms,
+        })
+    }
+
+    fn answer_existing(&self, run: &Arc<Run>, fingerprint: &str) -> CoordinatorResult<Submitted> {
+        let snapshot = self.snapshot(run);
+        if run.fingerprint != fingerprint {
+            return Err(CoordinatorError::KeyReused {
+                existing: Box::new(snapshot),
+            });
+        }
+        let admission = if snapshot.status.is_terminal() && run.terminal_snapshot().is_some() {
+            Admission::Completed
+        } else {
+            Admission::InFlight
+        };
+        Ok(Submitted {
+            admission,
+            accepted_at_ms: run.created_at_ms,
+            snapshot: run.terminal_snapshot().unwrap_or(snapshot),
+        })
+    }
+
+    /// The run that makes a `reject` submit busy, if any.
+    fn lane_blocker(&self, state: &State, key: &SessionKey) -> Option<Arc<Run>> {
+        let lane = state.lanes.get(key)?;
+        let id = lane.running.as_ref().or(lane.queued.front())?;
+        state.runs.get(id).cloned()
+    }
+}

@@ -1,0 +1,131 @@
+//! The one terminal path: a decision becomes durable, then visible (end
+//! event, published snapshot), and the lane and cap slot are freed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use session_store::model::RunUpdate;
+use session_store::store::now_ms;
+use session_store::{SessionStore, StoreError};
+use tokio::time::Instant;
+
+use crate::coordinator::{Inner, spec_of};
+use crate::events::{EventBody, LifecyclePhase};
+use crate::model::*;
+use crate::run::{Decision, Phase, Run};
+use crate::trace;
+
+impl Inner {
+    /// The one terminal path: persist the decision (the record first, so a
+    /// crash cannot take back what a waiter saw), emit the end event, publish
+    /// the snapshot and free the lane.
+    pub(crate) async fn finish(self: &Arc<Self>, run: &Arc<Run>) {
+        let decision = run
+            .decided()
+            .unwrap_or_else(|| Decision::failed("internal", "the run ended without a decision"));
+        {
+            let mut state = run.state();
+            state.phase = Phase::Finishing;
+            state.status = decision.status;
+            state.ended_at_ms = Some(now_ms());
+            if decision.stop_reason.is_some() {
+                state.outcome.stop_reason = decision.stop_reason.clone();
+            }
+            state.outcome.error = decision.error.clone();
+            state.outcome.superseded_by = decision.superseded_by.clone();
+        }
+        self.persist_terminal(run).await;
+        let (status, outcome) = {
+            let state = run.state();
+            (state.status, state.outcome.clone())
+        };
+        trace::status_event(run, status);
+        self.metrics.run_finished(status);
+        let phase = if status == RunStatus::Error || status == RunStatus::Lost {
+            LifecyclePhase::Error
+        } else {
+            LifecyclePhase::End
+        };
+        self.emit(
+            run,
+            EventBody::Lifecycle {
+                phase,
+                status: Some(status),
+                stop_reason: outcome.stop_reason,
+                error: outcome.error,
+            },
+        );
+        self.hub.close(&run.id);
+        run.state().phase = Phase::Terminal;
+        let snapshot = self.snapshot(run);
+        run.publish_terminal(snapshot);
+        let to_start = {
+            let mut state = self.lock();
+            if let Some(lane) = state.lanes.get_mut(&run.key) {
+                if lane.running.as_deref() == Some(run.id.as_str()) {
+                    lane.running = None;
+                }
+                lane.queued.retain(|id| *id != run.id);
+                if lane.running.is_none() && lane.queued.is_empty() {
+                    state.lanes.remove(&run.key);
+                }
+            }
+            let mut run_state = run.state();
+            if run_state.holds_slot {
+                run_state.holds_slot = false;
+                state.executing -= 1;
+            }
+            drop(run_state);
+            state.finished.push_back((Instant::now(), run.id.clone()));
+            self.evict(&mut state);
+            self.pump(&mut state)
+        };
+        self.run_finished.notify_waiters();
+        self.spawn_all(to_start);
+    }
+
+    /// Writes the terminal record, retrying while the store is unavailable.
+    /// If the store already holds a terminal (recovery elsewhere decided
+    /// first), that one is adopted: terminal is final in the store too.
+    async fn persist_terminal(&self, run: &Run) {
+        let mut backoff = Duration::from_millis(50);
+        for attempt in 1..=8 {
+            let update = {
+                let state = run.state();
+                RunUpdate {
+                    run_id: run.id.clone(),
+                    expected_version: state.record_version,
+                    status: state.status,
+                    owner: None,
+                    outcome_json: serde_json::to_string(&state.outcome).ok(),
+                    session_id: state.session_id.as_deref().and_then(|s| s.parse().ok()),
+                    fence_token: state.fence_token,
+                }
+            };
+            match self.store.update_run(update).await {
+                Ok(record) => {
+                    let mut state = run.state();
+                    state.record_version = record.version;
+                    state.ended_at_ms = record.ended_at_ms;
+                    return;
+                }
+                Err(StoreError::RunTerminal { current }) => {
+                    let adopted = Run::from_record(&current, spec_of(&current), run.epoch.clone());
+                    let adopted = adopted.state();
+                    let mut state = run.state();
+                    state.status = adopted.status;
+                    state.outcome = adopted.outcome.clone();
+                    state.ended_at_ms = adopted.ended_at_ms;
+                    state.record_version = adopted.record_version;
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(run.id = %run.id, attempt, error = %err, "persisting the terminal state failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        tracing::error!(run.id = %run.id, "the terminal state could not be persisted; a restart will report the run lost");
+    }
+}
