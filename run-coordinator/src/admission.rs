@@ -133,23 +133,15 @@ impl Inner {
                 return self.answer_existing(&existing, &fingerprint);
             }
         };
+        let mut placeholder = Placeholder {
+            inner: self,
+            run: &run,
+            accepted: false,
+        };
         let admitted = self.admit(&run, &req).await;
-        if admitted.is_err()
-            || admitted
-                .as_ref()
-                .is_ok_and(|s| s.admission != Admission::Accepted)
-        {
-            // The placeholder goes; a run from the record may have replaced it.
-            let mut state = self.lock();
-            if state
-                .runs
-                .get(&req.run_id)
-                .is_some_and(|r| Arc::ptr_eq(r, &run))
-            {
-                state.runs.remove(&req.run_id);
-            }
-        }
-        run.mark_admitted();
+        placeholder.accepted = admitted
+            .as_ref()
+            .is_ok_and(|s| s.admission == Admission::Accepted);
         admitted
     }
 
@@ -241,5 +233,34 @@ impl Inner {
         let lane = state.lanes.get(key)?;
         let id = lane.running.as_ref().or(lane.queued.front())?;
         state.runs.get(id).cloned()
+    }
+}
+
+/// The run-table entry a first submit of a key puts in place before its
+/// durable `CreateRun`; retries of the key and cancels of its session wait on
+/// it. However admission ends (an answer, an error, or a panic unwinding),
+/// the entry is settled when this guard goes: waiters are released, and an
+/// entry that did not become an accepted run leaves the table (a run rebuilt
+/// from the record may have replaced it; that one stays).
+struct Placeholder<'a> {
+    inner: &'a Inner,
+    run: &'a Arc<Run>,
+    accepted: bool,
+}
+
+impl Drop for Placeholder<'_> {
+    fn drop(&mut self) {
+        // A poisoned table (a panic while it was held) is left as it is: a
+        // second panic here, during unwinding, would abort the process.
+        if !self.accepted
+            && let Ok(mut state) = self.inner.state.lock()
+            && state
+                .runs
+                .get(&self.run.id)
+                .is_some_and(|r| Arc::ptr_eq(r, self.run))
+        {
+            state.runs.remove(&self.run.id);
+        }
+        self.run.mark_admitted();
     }
 }

@@ -18,9 +18,10 @@ use session_store::store::now_ms;
 use session_store::{SessionKey, SessionStore};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::config::CoordinatorConfig;
-use crate::error::CoordinatorResult;
+use crate::error::{CoordinatorError, CoordinatorResult};
 use crate::events::{EventBody, EventHub, RunSubscription, StreamReset, StreamSubscription};
 use crate::metrics::{CoordinatorMetrics, Load};
 use crate::model::*;
@@ -112,11 +113,29 @@ impl Coordinator {
         &self.inner.epoch
     }
 
+    /// Admits a run (or answers for the one its key already names).
+    ///
+    /// Admission runs to its end in a task of its own, whatever happens to
+    /// the caller: a caller that goes away mid-way (a client deadline, a
+    /// dropped connection, RST_STREAM) drops only its wait for the answer.
+    /// Dropping admission itself half-way would leave the key's placeholder
+    /// in the run table with nobody to finish it, and every retry of the key
+    /// and every Cancel of its session waiting on it for ever; or a durable
+    /// record that this instance never runs.
     pub async fn submit(&self, req: SubmitRequest) -> CoordinatorResult<Submitted> {
-        let arrived = std::time::Instant::now();
-        let submitted = self.inner.submit(req).await;
-        self.inner.metrics.submitted(&submitted, arrived);
-        submitted
+        let inner = self.inner.clone();
+        let admission = tokio::spawn(
+            async move {
+                let arrived = std::time::Instant::now();
+                let submitted = inner.submit(req).await;
+                inner.metrics.submitted(&submitted, arrived);
+                submitted
+            }
+            .in_current_span(),
+        );
+        admission.await.unwrap_or_else(|failed| {
+            Err(CoordinatorError::Internal(format!("admission: {failed}")))
+        })
     }
 
     /// Registers this coordinator's metrics (docs/metrics.md) in `registry`.

@@ -1,12 +1,16 @@
 //! Admission and lanes through the real gRPC services (seed experiments A–B,
-//! key reuse, the global cap, reject mode).
+//! key reuse, the global cap, reject mode, submits cancelled mid-admission).
 
 mod common;
 
+use std::time::Duration;
+
 use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
 use common::*;
 use run_coordinator::config::CoordinatorConfig;
 use session_store::model::RunStatus;
+use tonic::transport::Channel;
 
 async fn same_key_during_a_run_is_in_flight(backend: Backend) {
     let runtime = Recording::echo(40, 4);
@@ -190,6 +194,117 @@ async fn bad_submits_are_invalid_argument() {
         let err = client.submit(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}");
         assert!(err.message().contains(part), "{what}: {}", err.message());
+    }
+    cluster.finish().await;
+}
+
+/// Submits `req` with a client deadline of `deadline`: the server sees it
+/// as `grpc-timeout` and drops the call when it passes, wherever admission
+/// is (before, during or after the durable `CreateRun`).
+async fn submit_with_deadline(
+    mut client: RunCoordinatorClient<Channel>,
+    req: pb::SubmitRequest,
+    deadline: Duration,
+) -> Result<pb::SubmitResponse, tonic::Status> {
+    let mut request = tonic::Request::new(req);
+    request.set_timeout(deadline);
+    client
+        .submit(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A call that must answer: a hang (a half-admitted key) fails the test
+/// instead of wedging it.
+async fn answers<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not answer: the key is wedged"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submits_cancelled_during_admission_leave_no_half_admitted_key() {
+    let runtime = Recording::echo(1, 1);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    // Deadlines from 0 to 5 ms, 250 µs apart: they expire before, during and
+    // after the store's CreateRun.
+    let deadlines = (0..=20u64).map(|n| Duration::from_micros(n * 250));
+    let mut calls = Vec::new();
+    for (round, deadline) in deadlines.clone().cycle().take(84).enumerate() {
+        // Half of the calls share one key, the others have a key each.
+        let (run_id, session) = if round % 2 == 0 {
+            ("shared-key".to_owned(), "shared".to_owned())
+        } else {
+            (format!("own-key-{round}"), format!("own-{round}"))
+        };
+        let req = submit_req(&run_id, &session, "hello there");
+        // A connection per call: a burst of streams reset on one HTTP/2
+        // connection makes the server close it (rapid-reset protection), and
+        // what is tested here is each call's own cancellation.
+        let client = connect(&cluster.coordinator_url).await;
+        calls.push((
+            run_id,
+            session,
+            tokio::spawn(submit_with_deadline(client, req, deadline)),
+        ));
+    }
+    let mut keys = Vec::new();
+    for (run_id, session, call) in calls {
+        match call.await.unwrap() {
+            Ok(answer) => assert_eq!(answer.snapshot.unwrap().run_id, run_id),
+            Err(status) => assert!(
+                matches!(
+                    status.code(),
+                    tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                ),
+                "{run_id}: {status:?}"
+            ),
+        }
+        if !keys.contains(&(run_id.clone(), session.clone())) {
+            keys.push((run_id, session));
+        }
+    }
+
+    let mut client = connect(&cluster.coordinator_url).await;
+    for (run_id, session) in &keys {
+        // Every key is unknown or admitted: a retry answers, and what it
+        // answers runs to its end.
+        let retry = answers(
+            &format!("a retry of {run_id}"),
+            submit(&mut client, submit_req(run_id, session, "hello there")),
+        )
+        .await;
+        let admission = pb::Admission::try_from(retry.admission).unwrap();
+        assert!(
+            matches!(
+                admission,
+                pb::Admission::Accepted | pb::Admission::InFlight | pb::Admission::Completed
+            ),
+            "{run_id}: {retry:?}"
+        );
+        let done = answers(
+            &format!("a wait for {run_id}"),
+            finished(&mut client, run_id),
+        )
+        .await;
+        assert_eq!(status(&done), RunStatus::Ok, "{run_id}");
+        // The store agrees: one record, terminal.
+        let record = session_store::SessionStore::get_run(&cluster.store, run_id)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{run_id} has no durable record"));
+        assert!(record.status.is_terminal(), "{run_id}: {record:?}");
+        // A cancel of the session answers too (it waits on admissions).
+        answers(
+            &format!("a cancel of session {session}"),
+            client.cancel(pb::CancelRequest {
+                target: Some(pb::cancel_request::Target::SessionKey(session.clone())),
+                requester: "tester".into(),
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(runtime.count(run_id), 1, "{run_id} ran once");
     }
     cluster.finish().await;
 }
