@@ -7,7 +7,7 @@
 //! does not fit is skipped (the client sees the gap), anything else that does
 //! not fit ends the connection with 1008 "slow consumer".
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -158,13 +158,61 @@ pub struct Conn {
     pub runs: Mutex<ConnRuns>,
 }
 
-/// Per-connection run bookkeeping for `runs.resume`: the last run seq the
-/// broadcast delivered here, and the runs that arrive through a resume
-/// stream instead (so that nothing arrives twice and nothing is skipped).
+/// Per-connection run bookkeeping for `runs.resume`: the runs that arrive
+/// through a resume stream instead of the broadcast, and which stretch of
+/// the coordinator's all-runs stream the broadcast delivered here.
+///
+/// The broadcast and the switch of a run to its resume stream happen under
+/// this one lock, so for every event of a run exactly one of them delivers
+/// it to the connection: the broadcast up to the switch, the resume stream
+/// after it. Together with [`BroadcastSpan`] this makes replay-then-live
+/// have no gap and no duplicate whichever comes first, the resume request or
+/// some of the run's broadcast events.
 #[derive(Default)]
 pub struct ConnRuns {
     pub resuming: HashSet<String>,
-    pub delivered: HashMap<String, u64>,
+    /// What the broadcast has delivered here; `None` before its first event.
+    pub broadcast: Option<BroadcastSpan>,
+}
+
+/// The broadcast delivered this connection every event of the coordinator's
+/// all-runs stream from `first` to `last` (`stream_seq`, in `epoch`), except
+/// those of runs it was resuming at the time, which the resume stream
+/// delivered. The fanout's stream is contiguous within one `segment`; a new
+/// segment (the fanout resubscribed after a reset) starts a new span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BroadcastSpan {
+    pub segment: u64,
+    pub epoch: String,
+    pub first: u64,
+    pub last: u64,
+}
+
+impl BroadcastSpan {
+    /// Whether the broadcast already delivered this event here.
+    pub fn covers(&self, epoch: &str, stream_seq: u64) -> bool {
+        self.epoch == epoch && (self.first..=self.last).contains(&stream_seq)
+    }
+}
+
+impl ConnRuns {
+    /// Notes that the broadcast handled the event at `stream_seq` (of
+    /// `segment`, `epoch`) for this connection.
+    pub fn note_broadcast(&mut self, segment: u64, epoch: &str, stream_seq: u64) {
+        match &mut self.broadcast {
+            Some(span) if span.segment == segment && span.epoch == epoch => {
+                span.last = stream_seq;
+            }
+            span => {
+                *span = Some(BroadcastSpan {
+                    segment,
+                    epoch: epoch.to_owned(),
+                    first: stream_seq,
+                    last: stream_seq,
+                });
+            }
+        }
+    }
 }
 
 impl Conn {
@@ -180,17 +228,28 @@ impl Conn {
         self.sessions_subscribed.load(Ordering::Relaxed)
     }
 
-    /// Switches a run to its resume stream; returns the run seq the stream
-    /// must start after (what the client saw, or what was delivered here).
-    pub fn start_resume(&self, run_id: &str, client_seen: u64) -> u64 {
+    /// Switches a run to its resume stream. From now on the broadcast skips
+    /// the run here; the events it delivered before are the returned span's
+    /// (the resume stream skips those). `None`: the run is being resumed on
+    /// this connection already.
+    pub fn start_resume(&self, run_id: &str) -> Option<Option<BroadcastSpan>> {
         let mut runs = self.runs.lock().unwrap();
-        runs.resuming.insert(run_id.to_owned());
-        client_seen.max(runs.delivered.get(run_id).copied().unwrap_or(0))
+        runs.resuming
+            .insert(run_id.to_owned())
+            .then(|| runs.broadcast.clone())
     }
 
-    pub fn end_resume(&self, run_id: &str) {
+    /// Hands a run back to the broadcast. `completed`: the resume stream
+    /// delivered the run to its end. When it did not (the stream broke),
+    /// events the broadcast skipped meanwhile reached nobody here, and the
+    /// span would claim they had: it is dropped, so that a later resume
+    /// repeats events (which a client can recognise by their `seq`) rather
+    /// than leave a gap.
+    pub fn end_resume(&self, run_id: &str, completed: bool) {
         let mut runs = self.runs.lock().unwrap();
         runs.resuming.remove(run_id);
-        runs.delivered.remove(run_id);
+        if !completed {
+            runs.broadcast = None;
+        }
     }
 }

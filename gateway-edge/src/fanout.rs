@@ -212,21 +212,18 @@ impl RunMemory {
 /// Delivers the protocol events of one run event to one connection, by the
 /// v4 rules: run events need `operator.read`; tool events only with the
 /// `tool-events` cap; `sessions.changed` only to subscribers; a run the
-/// connection resumes comes through its resume stream instead.
-pub fn deliver(conn: &Conn, run_seq: u64, run_id: &str, outgoing: &[Outgoing], run_ended: bool) {
+/// connection resumes comes through its resume stream instead. `segment`
+/// numbers the fanout's contiguous stretches of the all-runs stream.
+pub fn deliver(conn: &Conn, segment: u64, event: &pb::RunEvent, outgoing: &[Outgoing]) {
     if !conn.can_read() {
         return;
     }
-    {
-        let mut runs = conn.runs.lock().unwrap();
-        if runs.resuming.contains(run_id) {
-            return;
-        }
-        if run_ended {
-            runs.delivered.remove(run_id);
-        } else {
-            runs.delivered.insert(run_id.to_owned(), run_seq);
-        }
+    // Held while queueing, so a resume switch sees each event either
+    // delivered here or left to the resume stream (see `ConnRuns`).
+    let mut runs = conn.runs.lock().unwrap();
+    runs.note_broadcast(segment, &event.epoch, event.stream_seq);
+    if runs.resuming.contains(&event.run_id) {
+        return;
     }
     deliver_unfiltered(conn, outgoing);
 }
@@ -252,18 +249,18 @@ pub fn deliver_unfiltered(conn: &Conn, outgoing: &[Outgoing]) {
     }
 }
 
-/// Whether a run event ends its run.
-pub fn ends_run(event: &pb::RunEvent) -> bool {
-    matches!(&event.body, Some(pb::run_event::Body::Lifecycle(l)) if l.phase != pb::lifecycle::Phase::Start as i32)
-}
-
 /// Follows the coordinator's event stream forever, reconnecting with backoff.
 pub async fn run(edge: Arc<Edge>) {
     let mut memory = RunMemory::default();
     // Live only at first: clients replay older events with `runs.resume`.
     let mut position: Option<(String, u64)> = None;
+    // A new segment each time the stream starts live (a gap may precede it).
+    let mut segment = 0u64;
     let mut backoff = Duration::from_millis(100);
     loop {
+        if position.is_none() {
+            segment += 1;
+        }
         let (epoch, from_seq) = position.clone().unwrap_or((String::new(), u64::MAX));
         let request = pb::SubscribeRequest {
             filter: Some(pb::subscribe_request::Filter::All(true)),
@@ -284,9 +281,8 @@ pub async fn run(edge: Arc<Edge>) {
                             backoff = Duration::from_millis(100);
                             position = Some((event.epoch.clone(), event.stream_seq));
                             let outgoing = memory.translate(&event);
-                            let ended = ends_run(&event);
                             for conn in edge.connections() {
-                                deliver(&conn, event.seq, &event.run_id, &outgoing, ended);
+                                deliver(&conn, segment, &event, &outgoing);
                             }
                         }
                         Ok(Some(pb::SubscribeResponse {

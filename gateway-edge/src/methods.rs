@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use crate::conn::Conn;
 use crate::edge::Edge;
-use crate::fanout::{self, RunMemory, status_name, stop_reason_for};
+use crate::fanout::{status_name, stop_reason_for};
 use crate::frames::{self, ErrorShape, FrameError, Request, parse_request};
 use crate::params::Params;
 use crate::scopes::authorize;
@@ -40,9 +40,9 @@ pub const SERVED_METHODS: &[&str] = &[
 
 /// A method's answer: ok with a payload, or an error (with a payload for
 /// the few methods that send both).
-type Answer = Result<Value, (ErrorShape, Option<Value>)>;
+pub(crate) type Answer = Result<Value, (ErrorShape, Option<Value>)>;
 
-fn fail(error: ErrorShape) -> (ErrorShape, Option<Value>) {
+pub(crate) fn fail(error: ErrorShape) -> (ErrorShape, Option<Value>) {
     (error, None)
 }
 
@@ -134,7 +134,7 @@ async fn handle(
                 .store(on, std::sync::atomic::Ordering::Relaxed);
             Ok(json!({ "subscribed": on }))
         }
-        "runs.resume" => runs_resume(edge, conn, params).await,
+        "runs.resume" => crate::resume::runs_resume(edge, conn, params).await,
         other => Err(fail(ErrorShape::invalid(format!(
             "unknown method: {other}"
         )))),
@@ -142,7 +142,7 @@ async fn handle(
 }
 
 /// A backend failure in the protocol's words.
-fn backend_error(status: tonic::Status) -> (ErrorShape, Option<Value>) {
+pub(crate) fn backend_error(status: tonic::Status) -> (ErrorShape, Option<Value>) {
     use tonic::Code;
     let detail = clawgate_proto::status_detail::detail_of::<pb::CoordinatorErrorDetail>(
         &status,
@@ -811,73 +811,4 @@ async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer {
         notify_sessions_changed(edge, key.as_str(), "delete");
     }
     Ok(json!({ "ok": true, "key": key.as_str(), "deleted": out.deleted, "archived": [] }))
-}
-
-/// `runs.resume {runId, fromSeq}`: this edge's extension (see
-/// docs/protocol-extensions.md). Replays the run's events after `fromSeq`
-/// to this connection, then follows it live until it ends; meanwhile the
-/// broadcast skips that run for this connection, so nothing arrives twice.
-async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
-    let p = Params::new("runs.resume", params, &["runId", "fromSeq", "epoch"]).map_err(fail)?;
-    let run_id = p.required_non_empty("runId").map_err(fail)?.to_owned();
-    trace::record_run(&run_id);
-    let from_seq = p
-        .integer("fromSeq", 0, u64::MAX >> 1)
-        .map_err(fail)?
-        .unwrap_or(0);
-    let epoch = p
-        .string("epoch")
-        .map_err(fail)?
-        .unwrap_or_default()
-        .to_owned();
-    let start_after = conn.start_resume(&run_id, from_seq);
-    let mut coordinator = edge.backends.coordinator.clone();
-    let opened = coordinator
-        .subscribe(pb::SubscribeRequest {
-            filter: Some(pb::subscribe_request::Filter::RunId(run_id.clone())),
-            from_seq: start_after,
-            epoch,
-        })
-        .await;
-    let mut stream = match opened {
-        Ok(stream) => stream.into_inner(),
-        Err(status) => {
-            conn.end_resume(&run_id);
-            return Err(backend_error(status));
-        }
-    };
-    let first = match stream.message().await {
-        Ok(Some(pb::SubscribeResponse {
-            item: Some(pb::subscribe_response::Item::Reset(reset)),
-        })) => {
-            conn.end_resume(&run_id);
-            return Err(fail(
-                ErrorShape::invalid(format!("cannot resume run {run_id}: {}", reset.reason))
-                    .with_details(json!({ "code": "RESUME_UNAVAILABLE", "epoch": reset.epoch })),
-            ));
-        }
-        Ok(first) => first,
-        Err(status) => {
-            conn.end_resume(&run_id);
-            return Err(backend_error(status));
-        }
-    };
-    let conn = conn.clone();
-    let resumed = run_id.clone();
-    tokio::spawn(async move {
-        let mut memory = RunMemory::default();
-        let mut next = first;
-        while let Some(pb::SubscribeResponse {
-            item: Some(pb::subscribe_response::Item::Event(event)),
-        }) = next
-        {
-            fanout::deliver_unfiltered(&conn, &memory.translate(&event));
-            if conn.outbox.closing.is_cancelled() {
-                break;
-            }
-            next = stream.message().await.ok().flatten();
-        }
-        conn.end_resume(&resumed);
-    });
-    Ok(json!({ "runId": run_id, "resumedAfterSeq": start_after }))
 }

@@ -115,7 +115,12 @@ pub async fn run(
     };
     let (conn, reader) = match accept_connect(&edge, &request, &nonce, peer) {
         Ok((conn, reader, hello)) => {
+            // Registered before hello-ok leaves, so every run event from the
+            // moment the client learns it is connected reaches it; events
+            // queue in the outbox, which is written only after hello-ok.
+            edge.register(conn.clone());
             if !send_text(&mut socket, frames::ok_response(&request.id, hello)).await {
+                edge.unregister(conn.id);
                 return;
             }
             (conn, reader)
@@ -210,7 +215,6 @@ async fn serve_connection(
     conn: Arc<Conn>,
     mut reader: OutboxReader,
 ) {
-    edge.register(conn.clone());
     let mut ticks = tokio::time::interval(edge.config.tick_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;

@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use run_coordinator::config::CoordinatorConfig;
 use serde_json::{Value, json};
 
 fn run_seqs(frames: &[Value], run_id: &str) -> Vec<u64> {
@@ -125,6 +126,114 @@ async fn resume_on_another_edge_has_no_gap_and_no_duplicate() {
         .request("runs.resume", json!({"runId":"nope","fromSeq":0}))
         .await;
     assert_eq!(unknown["error"]["details"]["code"], "RESUME_UNAVAILABLE");
+    system.stop.cancel();
+}
+
+/// The (event name, run seq) of every `agent`/`chat` event of `run_id` in
+/// `frames`, in arrival order.
+fn run_events(frames: &[Value], run_id: &str) -> Vec<(String, u64)> {
+    frames
+        .iter()
+        .filter(|f| f["type"] == "event" && f["payload"]["runId"] == run_id)
+        .filter_map(|f| {
+            Some((
+                f["event"].as_str()?.to_owned(),
+                f["payload"]["seq"].as_u64()?,
+            ))
+        })
+        .collect()
+}
+
+/// The bad interleaving, forced step by step: a client reconnects, one of
+/// the run's broadcast events reaches the new connection, and only then is
+/// its `runs.resume` (from what the old connection saw) handled. Everything
+/// after `fromSeq` must arrive exactly once: the events missed while away
+/// (replayed), the one already received (not repeated) and the rest (live).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_after_a_broadcast_event_reached_the_new_connection_has_no_gap() {
+    let runtime = GatedRuntime::new(8);
+    let config = CoordinatorConfig {
+        delta_interval: Duration::ZERO,
+        ..CoordinatorConfig::default()
+    };
+    let system = System::start_with_runtime(config, runtime.clone()).await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let assistant = |pieces: usize| {
+        move |f: &Value| {
+            f["event"] == "agent"
+                && f["payload"]["runId"] == "g-1"
+                && f["payload"]["stream"] == "assistant"
+                && f["payload"]["data"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(&format!("piece{} ", pieces - 1)))
+        }
+    };
+    // Sees every event of the run, for reference.
+    let mut observer = Client::connect(&url, &[READ]).await;
+    let mut away = Client::connect(&url, &[WRITE]).await;
+    let sent = away
+        .request(
+            "chat.send",
+            json!({"sessionKey":"gated","message":"go","idempotencyKey":"g-1"}),
+        )
+        .await;
+    assert_eq!(sent["ok"], true, "{sent}");
+    runtime.release(2);
+    away.event(assistant(2)).await;
+    let from_seq = *run_seqs(&away.received, "g-1").last().unwrap();
+    drop(away);
+
+    // Two pieces while nobody of this client is connected.
+    runtime.release(2);
+    observer.event(assistant(4)).await;
+    let mut back = Client::connect(&url, &[READ]).await;
+    // One piece reaches the new connection through the broadcast first.
+    runtime.release(1);
+    back.event(assistant(5)).await;
+    let resumed = back
+        .request("runs.resume", json!({"runId":"g-1","fromSeq":from_seq}))
+        .await;
+    assert_eq!(resumed["ok"], true, "{resumed}");
+    // A resume from the newest event, while the run is quiet, is answered
+    // at once (not when the run's next event comes).
+    let newest = *run_seqs(&observer.received, "g-1").last().unwrap();
+    let mut late = Client::connect(&url, &[READ]).await;
+    let resumed = late
+        .request("runs.resume", json!({"runId":"g-1","fromSeq":newest}))
+        .await;
+    assert_eq!(resumed["ok"], true, "{resumed}");
+    runtime.release(3);
+    let is_final = |f: &Value| {
+        f["event"] == "chat" && f["payload"]["runId"] == "g-1" && f["payload"]["state"] == "final"
+    };
+    back.event(is_final).await;
+    observer.event(is_final).await;
+    late.event(is_final).await;
+    let mut after_newest: Vec<(String, u64)> = run_events(&observer.received, "g-1")
+        .into_iter()
+        .filter(|(_, seq)| *seq > newest)
+        .collect();
+    let mut late_got = run_events(&late.received, "g-1");
+    after_newest.sort();
+    late_got.sort();
+    assert_eq!(late_got, after_newest, "the late resume, after {newest}");
+
+    let mut expected: Vec<(String, u64)> = run_events(&observer.received, "g-1")
+        .into_iter()
+        .filter(|(_, seq)| *seq > from_seq)
+        .collect();
+    let mut got = run_events(&back.received, "g-1");
+    expected.sort();
+    got.sort();
+    assert_eq!(got, expected, "gap or duplicate after fromSeq {from_seq}");
+    let final_text =
+        back.received.iter().rev().find(|f| is_final(f)).unwrap()["payload"]["message"]["content"]
+            [0]["text"]
+            .clone();
+    assert_eq!(
+        final_text,
+        (0..8).map(|n| format!("piece{n} ")).collect::<String>()
+    );
     system.stop.cancel();
 }
 

@@ -60,7 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!("stream reset ({}): reload from history", reset.reason);
                 break;
             }
-            None => {}
+            Some(pb::subscribe_response::Item::Subscribed(_)) | None => {}
         }
     }
 

@@ -243,11 +243,18 @@ async fn collect_events(
         .await
         .unwrap()
         .into_inner();
+    // A subscription that can be served says so first, before any event.
+    let first = stream.message().await.unwrap().unwrap().item.unwrap();
+    assert!(
+        matches!(first, pb::subscribe_response::Item::Subscribed(_)),
+        "{first:?}"
+    );
     let mut events = Vec::new();
     while let Some(item) = stream.message().await.unwrap() {
         match item.item.unwrap() {
             pb::subscribe_response::Item::Event(event) => events.push(event),
             pb::subscribe_response::Item::Reset(reset) => panic!("unexpected reset: {reset:?}"),
+            pb::subscribe_response::Item::Subscribed(s) => panic!("a second subscribed: {s:?}"),
         }
         if take.is_some_and(|n| events.len() == n) {
             break;

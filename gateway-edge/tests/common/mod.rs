@@ -53,6 +53,59 @@ impl AgentRuntime for StubRuntime {
     }
 }
 
+/// A runtime the test drives: each execution streams `pieces` deltas
+/// (`"piece0 "`, `"piece1 "`, …), each only once the test `release`s it,
+/// so a test decides exactly which events exist at each moment.
+pub struct GatedRuntime {
+    pieces: usize,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl GatedRuntime {
+    pub fn new(pieces: usize) -> Arc<Self> {
+        Arc::new(Self {
+            pieces,
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        })
+    }
+
+    /// Lets `n` more pieces through.
+    pub fn release(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for GatedRuntime {
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+
+    async fn execute(
+        &self,
+        _request: RuntimeRequest,
+        cancel: CancellationToken,
+    ) -> Result<RuntimeStream, RuntimeError> {
+        use futures::StreamExt as _;
+        use run_coordinator::runtime::RuntimeEvent;
+        let gate = self.gate.clone();
+        let pieces = futures::stream::iter(0..self.pieces).then(move |n| {
+            let (gate, cancel) = (gate.clone(), cancel.clone());
+            async move {
+                tokio::select! {
+                    permit = gate.acquire() => permit.expect("the gate stays open").forget(),
+                    () = cancel.cancelled() => return None,
+                }
+                Some(Ok(RuntimeEvent::AssistantDelta(format!("piece{n} "))))
+            }
+        });
+        Ok(pieces
+            .take_while(|item| std::future::ready(item.is_some()))
+            .filter_map(std::future::ready)
+            .boxed())
+    }
+}
+
 pub struct System {
     pub store_url: String,
     pub coordinator_url: String,
@@ -69,11 +122,18 @@ impl System {
     }
 
     pub async fn start_with(config: CoordinatorConfig) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let stop = CancellationToken::new();
         let runtime = Arc::new(StubRuntime {
             echo: EchoRuntime::new(EchoConfig::default()),
         });
+        Self::start_with_runtime(config, runtime).await
+    }
+
+    pub async fn start_with_runtime(
+        config: CoordinatorConfig,
+        runtime: Arc<dyn AgentRuntime>,
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = CancellationToken::new();
         let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
             .await
             .unwrap();

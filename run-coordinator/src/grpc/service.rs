@@ -52,6 +52,14 @@ fn event_item(event: &crate::events::RunEvent) -> pb::SubscribeResponse {
     }
 }
 
+fn subscribed_item(epoch: &str) -> pb::SubscribeResponse {
+    pb::SubscribeResponse {
+        item: Some(pb::subscribe_response::Item::Subscribed(pb::Subscribed {
+            epoch: epoch.to_owned(),
+        })),
+    }
+}
+
 fn just_reset(reset: StreamReset) -> EventStream {
     Box::pin(futures::stream::iter([Ok(reset_item(reset))]))
 }
@@ -129,11 +137,14 @@ impl GrpcRunCoordinator for RunCoordinatorService {
     ) -> GrpcResult<Self::SubscribeStream> {
         let req = request.into_inner();
         let epoch = Some(req.epoch.as_str()).filter(|e| !e.is_empty());
+        let subscribed = futures::stream::once(std::future::ready(Ok(subscribed_item(
+            self.coordinator.epoch(),
+        ))));
         let stream: EventStream = match req.filter {
             Some(pb::subscribe_request::Filter::RunId(run_id)) => {
                 match self.coordinator.subscribe_run(&run_id, req.from_seq, epoch) {
                     Err(reset) => just_reset(reset),
-                    Ok(subscription) => Box::pin(futures::stream::unfold(
+                    Ok(subscription) => Box::pin(subscribed.chain(futures::stream::unfold(
                         Some(subscription),
                         |subscription| async move {
                             let mut subscription = subscription?;
@@ -142,13 +153,13 @@ impl GrpcRunCoordinator for RunCoordinatorService {
                                 Err(reset) => Some((Ok(reset_item(reset)), None)),
                             }
                         },
-                    )),
+                    ))),
                 }
             }
             Some(pb::subscribe_request::Filter::All(_)) => {
                 match self.coordinator.subscribe_all(req.from_seq, epoch) {
                     Err(reset) => just_reset(reset),
-                    Ok(subscription) => Box::pin(futures::stream::unfold(
+                    Ok(subscription) => Box::pin(subscribed.chain(futures::stream::unfold(
                         Some(subscription),
                         |subscription| async move {
                             let mut subscription = subscription?;
@@ -157,7 +168,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
                                 Err(reset) => Some((Ok(reset_item(reset)), None)),
                             }
                         },
-                    )),
+                    ))),
                 }
             }
             None => {

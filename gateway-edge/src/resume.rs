@@ -1,0 +1,129 @@
+//! `runs.resume {runId, fromSeq, epoch}`: this edge's extension (see
+//! docs/protocol-extensions.md). Replays the run's events after `fromSeq`
+//! to this connection, then follows it live until it ends.
+//!
+//! The handover from the broadcast: the run is switched to its resume
+//! stream under the connection's run lock (`Conn::start_resume`), which the
+//! broadcast holds while it delivers, so each event of the run reaches the
+//! connection through exactly one of the two. Events the broadcast had
+//! delivered before the switch (a reconnected client can receive some
+//! before its `runs.resume` is handled) are recognised by their position in
+//! the coordinator's all-runs stream and not sent again; everything else
+//! after `fromSeq` is. No gap, no duplicate, whichever came first.
+
+use std::sync::Arc;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use serde_json::{Value, json};
+
+use crate::conn::{BroadcastSpan, Conn};
+use crate::edge::Edge;
+use crate::fanout::{self, RunMemory};
+use crate::frames::ErrorShape;
+use crate::methods::{Answer, backend_error, fail};
+use crate::params::Params;
+use crate::trace;
+
+pub(crate) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+    let p = Params::new("runs.resume", params, &["runId", "fromSeq", "epoch"]).map_err(fail)?;
+    let run_id = p.required_non_empty("runId").map_err(fail)?.to_owned();
+    trace::record_run(&run_id);
+    let from_seq = p
+        .integer("fromSeq", 0, u64::MAX >> 1)
+        .map_err(fail)?
+        .unwrap_or(0);
+    let epoch = p
+        .string("epoch")
+        .map_err(fail)?
+        .unwrap_or_default()
+        .to_owned();
+    let mut coordinator = edge.backends.coordinator.clone();
+    let mut stream = coordinator
+        .subscribe(pb::SubscribeRequest {
+            filter: Some(pb::subscribe_request::Filter::RunId(run_id.clone())),
+            from_seq,
+            epoch,
+        })
+        .await
+        .map_err(backend_error)?
+        .into_inner();
+    // The coordinator answers a Subscribe at once: `subscribed`, or a reset.
+    let first = match stream.message().await.map_err(backend_error)? {
+        Some(pb::SubscribeResponse {
+            item: Some(pb::subscribe_response::Item::Reset(reset)),
+        }) => {
+            return Err(fail(
+                ErrorShape::invalid(format!("cannot resume run {run_id}: {}", reset.reason))
+                    .with_details(json!({ "code": "RESUME_UNAVAILABLE", "epoch": reset.epoch })),
+            ));
+        }
+        Some(pb::SubscribeResponse {
+            item: Some(pb::subscribe_response::Item::Event(event)),
+        }) => Some(event),
+        Some(_) => None,
+        None => {
+            return Err(fail(
+                ErrorShape::unavailable("the run coordinator ended the stream").retry_after(500),
+            ));
+        }
+    };
+    // The switch can wait until the resume is known to work: the replay
+    // started at `fromSeq`, and whatever the broadcast delivers until the
+    // switch is in the span taken with it, and left out of the replay.
+    let Some(delivered) = conn.start_resume(&run_id) else {
+        return Err(fail(ErrorShape::invalid(format!(
+            "run {run_id} is already being resumed on this connection"
+        ))));
+    };
+    tokio::spawn(follow(
+        conn.clone(),
+        run_id.clone(),
+        delivered,
+        first,
+        stream,
+    ));
+    Ok(json!({ "runId": run_id, "resumedAfterSeq": from_seq }))
+}
+
+/// Sends the run's events from the resume stream, starting with `first`,
+/// leaving out those the broadcast `delivered` here already, until the run
+/// ends (the stream finishes) or the connection closes.
+async fn follow(
+    conn: Arc<Conn>,
+    run_id: String,
+    delivered: Option<BroadcastSpan>,
+    first: Option<pb::RunEvent>,
+    mut stream: tonic::Streaming<pb::SubscribeResponse>,
+) {
+    // Every event is translated, delivered or not: the final chat event
+    // carries the text so far.
+    let mut memory = RunMemory::default();
+    let mut next = first;
+    let completed = loop {
+        if let Some(event) = next.take() {
+            let outgoing = memory.translate(&event);
+            let seen = delivered
+                .as_ref()
+                .is_some_and(|span| span.covers(&event.epoch, event.stream_seq));
+            if !seen {
+                fanout::deliver_unfiltered(&conn, &outgoing);
+            }
+            if conn.outbox.closing.is_cancelled() {
+                break true;
+            }
+        }
+        match stream.message().await {
+            Ok(Some(pb::SubscribeResponse {
+                item: Some(pb::subscribe_response::Item::Event(event)),
+            })) => next = Some(event),
+            Ok(Some(pb::SubscribeResponse {
+                item: Some(pb::subscribe_response::Item::Subscribed(_)) | None,
+            })) => {}
+            // The run's log is drained and closed: the run ended.
+            Ok(None) => break true,
+            // A reset or a broken stream before the end.
+            Ok(Some(_)) | Err(_) => break false,
+        }
+    };
+    conn.end_resume(&run_id, completed);
+}
