@@ -6,67 +6,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use clap::Parser;
-use clawgate_common::parse_duration;
+use clawgate::config::Settings;
+use gateway_edge::config::AuthMode;
 use run_coordinator::Coordinator;
-use run_coordinator::cli::CoordinatorArgs;
-use session_store::config::{LimitArgs, StoreConfig};
 use session_store::limits::Checked;
 use session_store::metrics::Metered;
 use session_store::server::{ServeOptions, open_backend, serve_store};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-
-#[derive(Parser)]
-#[command(
-    name = "clawgate",
-    version,
-    about = "Session store + run coordinator in one process."
-)]
-struct Cli {
-    /// Where the data lives: a file (embedded store) or a postgres:// URL.
-    #[arg(
-        long,
-        env = "SESSION_STORE_URL",
-        default_value = "data/session-store.redb"
-    )]
-    store: String,
-    /// The session store's gRPC address.
-    #[arg(long, env = "SESSION_STORE_LISTEN", default_value = "127.0.0.1:50061")]
-    store_listen: SocketAddr,
-    /// The session store's Prometheus `/metrics` address.
-    #[arg(
-        long,
-        env = "SESSION_STORE_METRICS_LISTEN",
-        default_value = "127.0.0.1:9461"
-    )]
-    store_metrics_listen: SocketAddr,
-    /// The run coordinator's gRPC address.
-    #[arg(long, env = "COORDINATOR_LISTEN", default_value = "127.0.0.1:50062")]
-    coordinator_listen: SocketAddr,
-    /// The run coordinator's Prometheus `/metrics` address.
-    #[arg(
-        long,
-        env = "COORDINATOR_METRICS_LISTEN",
-        default_value = "127.0.0.1:9462"
-    )]
-    coordinator_metrics_listen: SocketAddr,
-    /// How long terminal run records are kept.
-    #[arg(long, env = "SESSION_STORE_RUN_RETENTION", default_value = "24h", value_parser = parse_duration)]
-    run_retention: Duration,
-    /// The WebSocket address OpenClaw clients connect to.
-    #[arg(long, env = "EDGE_LISTEN", default_value = "127.0.0.1:18789")]
-    edge_listen: SocketAddr,
-    /// The token clients authenticate with (a random one when unset).
-    #[arg(long, env = "EDGE_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    #[command(flatten)]
-    limits: LimitArgs,
-    #[command(flatten)]
-    coordinator: CoordinatorArgs,
-}
 
 /// The addresses the listeners actually bound (a port 0 resolved).
 struct Bound {
@@ -80,25 +28,18 @@ struct Bound {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let telemetry = clawgate_telemetry::init("clawgate");
-    let cli = Cli::parse();
-    let store_config = StoreConfig {
-        listen: cli.store_listen,
-        metrics_listen: cli.store_metrics_listen,
-        store: cli.store.clone(),
-        run_retention: cli.run_retention,
-        purge_interval: Duration::from_secs(60),
-        pg_pool_size: 16,
-        pg_schema: None,
-        group_commit_max: 256,
-        limits: cli.limits.clone(),
-    };
+    let Settings {
+        store: store_config,
+        coordinator: coordinator_args,
+        edge: mut edge_config,
+    } = Settings::parse();
     // Everything binds first, so that a port 0 becomes the real port that
     // the edge is given and that is printed.
-    let store_metrics_listener = TcpListener::bind(cli.store_metrics_listen).await?;
-    let store_listener = TcpListener::bind(cli.store_listen).await?;
-    let coordinator_listener = TcpListener::bind(cli.coordinator_listen).await?;
-    let coordinator_metrics_listener = TcpListener::bind(cli.coordinator_metrics_listen).await?;
-    let edge_listener = TcpListener::bind(cli.edge_listen).await?;
+    let store_metrics_listener = TcpListener::bind(store_config.metrics_listen).await?;
+    let store_listener = TcpListener::bind(store_config.listen).await?;
+    let coordinator_listener = TcpListener::bind(coordinator_args.listen).await?;
+    let coordinator_metrics_listener = TcpListener::bind(coordinator_args.metrics_listen).await?;
+    let edge_listener = TcpListener::bind(edge_config.listen).await?;
     let bound = Bound {
         store: store_listener.local_addr()?,
         store_metrics: store_metrics_listener.local_addr()?,
@@ -129,18 +70,21 @@ async fn main() -> anyhow::Result<()> {
         store_listener,
         store_stop.clone().cancelled_owned(),
     ));
-    let runtime = cli.coordinator.runtime.build().await?;
-    let coordinator = Coordinator::start(store, runtime, cli.coordinator.config()).await?;
-    let token = cli
-        .token
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    let mut edge_config = gateway_edge::config::EdgeConfig::with_token(
-        format!("http://{}", bound.coordinator),
-        format!("http://{}", bound.store),
-        &token,
-    );
+    let coordinator_settings = &coordinator_args.coordinator;
+    let runtime = coordinator_settings.runtime.build().await?;
+    let coordinator = Coordinator::start(store, runtime, coordinator_settings.config()).await?;
+    edge_config.coordinator_address = format!("http://{}", bound.coordinator);
+    edge_config.store_address = format!("http://{}", bound.store);
     edge_config.listen = bound.edge;
+    if edge_config.auth_mode == AuthMode::Token && edge_config.token.is_none() {
+        edge_config.token = Some(uuid::Uuid::new_v4().simple().to_string());
+    }
+    edge_config.check()?;
+    let auth = match edge_config.auth_mode {
+        AuthMode::Token => format!("token {}", edge_config.token.as_deref().unwrap_or_default()),
+        AuthMode::Password => "password (EDGE_PASSWORD)".to_owned(),
+        AuthMode::None => "none (loopback only)".to_owned(),
+    };
     let edge_stop = CancellationToken::new();
     let edge_server = tokio::spawn(gateway_edge::server::serve(
         edge_config,
@@ -149,11 +93,11 @@ async fn main() -> anyhow::Result<()> {
     ));
     println!("clawgate is up");
     println!("  gateway (OpenClaw protocol v4)  ws://{}", bound.edge);
-    println!("  token                           {token}");
+    println!("  auth                            {auth}");
     println!("  session store                   grpc://{}", bound.store);
     println!(
         "  run coordinator                 grpc://{}  (runtime: {:?})",
-        bound.coordinator, cli.coordinator.runtime.runtime
+        bound.coordinator, coordinator_settings.runtime.runtime
     );
     println!(
         "  metrics                         http://{}/metrics (edge)",
@@ -167,7 +111,7 @@ async fn main() -> anyhow::Result<()> {
         "                                  http://{}/metrics (coordinator)",
         bound.coordinator_metrics
     );
-    println!("  data                            {}", cli.store);
+    println!("  data                            {}", store_config.store);
     if telemetry.exporting() {
         let endpoint = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
@@ -184,7 +128,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let served = run_coordinator::server::serve_coordinator(
         coordinator,
-        cli.coordinator.drain_timeout,
+        coordinator_settings.drain_timeout,
         coordinator_listener,
         Some(coordinator_metrics_listener),
         signal,

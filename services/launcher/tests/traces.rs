@@ -21,10 +21,15 @@ async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> P
     command
         .args(["--store", &data.join("store.redb").to_string_lossy()])
         .args(["--store-listen", any_port, "--coordinator-listen", any_port])
-        .args(["--edge-listen", any_port, "--token", TOKEN])
+        .args(["--edge-listen", any_port, "--edge-token", TOKEN])
         .args(["--store-metrics-listen", any_port])
         .args(["--coordinator-metrics-listen", any_port])
-        .args(["--echo-chunks", "2", "--echo-pace", "5ms"])
+        .args([
+            "--coordinator-echo-chunks",
+            "2",
+            "--coordinator-echo-pace",
+            "5ms",
+        ])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env("RUST_LOG", "info")
