@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use clawgate_common::parse_duration;
+use clawgate_common::{limits, parse_duration};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AuthMode {
@@ -53,16 +53,16 @@ pub struct EdgeConfig {
     #[arg(long, env = "EDGE_HANDSHAKE_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
     /// Largest frame before the handshake, bytes.
-    #[arg(long, env = "EDGE_PREAUTH_MAX_BYTES", default_value_t = 64 * 1024)]
+    #[arg(long, env = "EDGE_PREAUTH_MAX_BYTES", default_value_t = limits::EDGE_PREAUTH_MAX_BYTES)]
     pub preauth_max_bytes: usize,
     /// Unauthenticated sockets allowed per client IP.
     #[arg(long, env = "EDGE_PREAUTH_PER_IP", default_value_t = 32)]
     pub preauth_per_ip: usize,
     /// Largest frame after the handshake, bytes (advertised as policy.maxPayload).
-    #[arg(long, env = "EDGE_MAX_PAYLOAD", default_value_t = 25 * 1024 * 1024)]
+    #[arg(long, env = "EDGE_MAX_PAYLOAD", default_value_t = limits::EDGE_MAX_PAYLOAD)]
     pub max_payload: usize,
     /// Per-connection send buffer, bytes (advertised as policy.maxBufferedBytes).
-    #[arg(long, env = "EDGE_MAX_BUFFERED_BYTES", default_value_t = 16 * 1024 * 1024)]
+    #[arg(long, env = "EDGE_MAX_BUFFERED_BYTES", default_value_t = limits::EDGE_MAX_BUFFERED_BYTES)]
     pub max_buffered_bytes: usize,
     /// Kernel send buffer per socket, bytes. Kept modest so that a client
     /// that stops reading backs up into the outbox, where the slow-consumer
@@ -86,6 +86,12 @@ pub struct EdgeConfig {
 impl EdgeConfig {
     /// Refuses settings that would be unsafe to run with.
     pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.preauth_max_bytes <= self.max_payload,
+            "EDGE_PREAUTH_MAX_BYTES ({}) must be at most EDGE_MAX_PAYLOAD ({})",
+            self.preauth_max_bytes,
+            self.max_payload
+        );
         match self.auth_mode {
             AuthMode::None if !self.listen.ip().is_loopback() => {
                 anyhow::bail!("auth mode `none` is only allowed on a loopback listen address")
@@ -112,10 +118,10 @@ impl EdgeConfig {
             password: None,
             device_token_secret: None,
             handshake_timeout: Duration::from_secs(15),
-            preauth_max_bytes: 64 * 1024,
+            preauth_max_bytes: limits::EDGE_PREAUTH_MAX_BYTES,
             preauth_per_ip: 32,
-            max_payload: 25 * 1024 * 1024,
-            max_buffered_bytes: 16 * 1024 * 1024,
+            max_payload: limits::EDGE_MAX_PAYLOAD,
+            max_buffered_bytes: limits::EDGE_MAX_BUFFERED_BYTES,
             socket_send_buffer: 256 * 1024,
             tick_interval: Duration::from_secs(30),
             health_interval: Duration::from_secs(60),

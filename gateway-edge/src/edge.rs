@@ -39,7 +39,8 @@ impl Backends {
         };
         Ok(Self {
             coordinator: RunCoordinatorClient::new(channel(coordinator)?)
-                .max_decoding_message_size(64 * 1024 * 1024),
+                .max_decoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES),
             store: RemoteStore::new(channel(store)?),
         })
     }

@@ -158,6 +158,12 @@ pub(crate) fn backend_error(status: tonic::Status) -> (ErrorShape, Option<Value>
                 }))
         }
         Code::InvalidArgument => ErrorShape::invalid(status.message()),
+        // A request over a backend's gRPC message limit (a deployment whose
+        // limits disagree, docs/limits.md): the request is at fault.
+        Code::ResourceExhausted | Code::OutOfRange => ErrorShape::invalid(format!(
+            "the request is too large for the run coordinator: {}",
+            status.message()
+        )),
         Code::FailedPrecondition => ErrorShape::unavailable(status.message()),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
             ErrorShape::unavailable(status.message()).retry_after(500)

@@ -37,6 +37,23 @@ async fn close(socket: &mut Socket, code: u16, reason: &str) {
     .await;
 }
 
+/// Closes because of a frame over a size limit. The rest of that frame is
+/// still arriving: closing with it unread would make the kernel answer with
+/// a reset, and the client could lose the close frame. So after the close
+/// frame the write side is shut and whatever the client still sends is read
+/// and dropped, until it closes too or a few seconds pass.
+async fn close_over_limit(socket: &mut Socket, code: u16, reason: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    close(socket, code, reason).await;
+    let io = socket.get_mut();
+    let _ = io.shutdown().await;
+    let mut sink = vec![0u8; 64 * 1024];
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
 async fn send_text(socket: &mut Socket, text: String) -> bool {
     socket.send(Message::text(text)).await.is_ok()
 }
@@ -45,6 +62,8 @@ async fn send_text(socket: &mut Socket, text: String) -> bool {
 /// empty text) with the frame's size in bytes, or why there is none.
 enum Incoming {
     Text(String, usize),
+    /// A frame over the socket's size limit (`policy.maxPayload`).
+    TooLarge,
     Closed,
     Ignore,
 }
@@ -56,6 +75,7 @@ fn incoming(message: Option<Result<Message, tokio_tungstenite::tungstenite::Erro
             String::from_utf8(bytes.to_vec()).unwrap_or_default(),
             bytes.len(),
         ),
+        Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => Incoming::TooLarge,
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Incoming::Closed,
         Some(Ok(_)) => Incoming::Ignore,
     }
@@ -90,8 +110,12 @@ pub async fn run(
         };
         match incoming(message) {
             Incoming::Text(text, size) => break (text, size),
+            Incoming::TooLarge => {
+                close_over_limit(&mut socket, 1009, "preauth payload too large").await;
+                return;
+            }
             Incoming::Closed if guard.exceeded() => {
-                close(&mut socket, 1009, "preauth payload too large").await;
+                close_over_limit(&mut socket, 1009, "preauth payload too large").await;
                 return;
             }
             Incoming::Closed => return,
@@ -253,6 +277,13 @@ async fn serve_connection(
             }
             message = socket.next() => match incoming(message) {
                 Incoming::Text(text, _) => crate::methods::dispatch(&edge, &conn, &text),
+                Incoming::TooLarge => {
+                    edge.unregister(conn.id);
+                    conn.outbox.closing.cancel();
+                    // As the WebSocket library of the OpenClaw gateway words it.
+                    close_over_limit(&mut socket, 1009, "Max payload size exceeded").await;
+                    return;
+                }
                 Incoming::Closed => break None,
                 Incoming::Ignore => {}
             },

@@ -41,9 +41,23 @@ impl Inner {
         }
         if spec.message.len() > self.config.max_message_bytes {
             return Err(CoordinatorError::invalid(format!(
-                "message is {} bytes; the maximum is {}",
+                "message is {} bytes; the maximum is {} (COORDINATOR_MAX_MESSAGE_BYTES)",
                 spec.message.len(),
                 self.config.max_message_bytes
+            )));
+        }
+        if let Some(label) = &spec.label
+            && label.chars().count() > self.config.max_label_chars
+        {
+            return Err(CoordinatorError::invalid(format!(
+                "label is longer than {} characters (COORDINATOR_MAX_LABEL_CHARS)",
+                self.config.max_label_chars
+            )));
+        }
+        if spec.requester.chars().count() > self.config.max_requester_chars {
+            return Err(CoordinatorError::invalid(format!(
+                "requester is longer than {} characters (COORDINATOR_MAX_REQUESTER_CHARS)",
+                self.config.max_requester_chars
             )));
         }
         if spec.kind.is_empty() || spec.kind.len() > 64 {
@@ -54,7 +68,7 @@ impl Inner {
         }
         if spec.options.to_string().len() > self.config.max_options_bytes {
             return Err(CoordinatorError::invalid(format!(
-                "options are larger than {} bytes",
+                "options are larger than {} bytes (COORDINATOR_MAX_OPTIONS_BYTES)",
                 self.config.max_options_bytes
             )));
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use clawgate_common::parse_duration;
+use clawgate_common::{limits, parse_duration};
 
 use crate::config::CoordinatorConfig;
 use crate::events::HubLimits;
@@ -125,12 +125,18 @@ pub struct CoordinatorArgs {
     /// Earlier transcript entries handed to the runtime.
     #[arg(long, env = "COORDINATOR_HISTORY_ENTRIES", default_value_t = 50)]
     pub history_entries: u32,
-    /// Largest user message, bytes.
-    #[arg(long, env = "COORDINATOR_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024)]
+    /// Largest user message, bytes (UTF-8).
+    #[arg(long, env = "COORDINATOR_MAX_MESSAGE_BYTES", default_value_t = limits::RUN_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
-    /// Largest runtime options object, bytes.
-    #[arg(long, env = "COORDINATOR_MAX_OPTIONS_BYTES", default_value_t = 64 * 1024)]
+    /// Largest runtime options object, bytes (as JSON).
+    #[arg(long, env = "COORDINATOR_MAX_OPTIONS_BYTES", default_value_t = limits::RUN_MAX_OPTIONS_BYTES)]
     pub max_options_bytes: usize,
+    /// Longest run label, characters.
+    #[arg(long, env = "COORDINATOR_MAX_LABEL_CHARS", default_value_t = limits::RUN_MAX_LABEL_CHARS)]
+    pub max_label_chars: usize,
+    /// Longest requester of a run, characters.
+    #[arg(long, env = "COORDINATOR_MAX_REQUESTER_CHARS", default_value_t = limits::RUN_MAX_REQUESTER_CHARS)]
+    pub max_requester_chars: usize,
     /// How long a Cancel waits for a running run to record its terminal.
     #[arg(long, env = "COORDINATOR_CANCEL_SETTLE", default_value = "10s", value_parser = parse_duration)]
     pub cancel_settle: Duration,
@@ -165,6 +171,8 @@ impl CoordinatorArgs {
             history_entries: self.history_entries,
             max_message_bytes: self.max_message_bytes,
             max_options_bytes: self.max_options_bytes,
+            max_label_chars: self.max_label_chars,
+            max_requester_chars: self.max_requester_chars,
             cancel_settle: self.cancel_settle,
             default_wait: self.default_wait,
             max_wait: self.max_wait,
@@ -185,6 +193,10 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:9462"
     )]
     pub metrics_listen: SocketAddr,
+    /// Largest gRPC message the server accepts or sends, bytes: a transport
+    /// ceiling above every input limit (docs/limits.md).
+    #[arg(long, env = "COORDINATOR_GRPC_MAX_MESSAGE_BYTES", default_value_t = limits::GRPC_MAX_MESSAGE_BYTES)]
+    pub grpc_max_message_bytes: usize,
     /// The session store's gRPC address.
     #[arg(
         long,

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use clawgate_common::limits;
+
 use crate::events::HubLimits;
 
 #[derive(Debug, Clone)]
@@ -26,6 +28,10 @@ pub struct CoordinatorConfig {
     pub max_message_bytes: usize,
     /// Largest runtime options object, bytes.
     pub max_options_bytes: usize,
+    /// Longest run label, characters.
+    pub max_label_chars: usize,
+    /// Longest requester, characters.
+    pub max_requester_chars: usize,
     /// How long a Cancel waits for a running run to record its terminal.
     pub cancel_settle: Duration,
     /// Wait timeout when the caller gives none.
@@ -45,8 +51,10 @@ impl Default for CoordinatorConfig {
             delta_interval: Duration::from_millis(150),
             events: HubLimits::default(),
             history_entries: 50,
-            max_message_bytes: 1024 * 1024,
-            max_options_bytes: 64 * 1024,
+            max_message_bytes: limits::RUN_MAX_MESSAGE_BYTES,
+            max_options_bytes: limits::RUN_MAX_OPTIONS_BYTES,
+            max_label_chars: limits::RUN_MAX_LABEL_CHARS,
+            max_requester_chars: limits::RUN_MAX_REQUESTER_CHARS,
             cancel_settle: Duration::from_secs(10),
             default_wait: Duration::from_secs(30),
             max_wait: Duration::from_secs(3600),

@@ -59,11 +59,15 @@ pub async fn spawn(
     let coordinator_url = format!("http://{}", listener.local_addr()?);
     let metrics_listener = TcpListener::bind("127.0.0.1:0").await?;
     let coordinator_metrics = metrics_listener.local_addr()?;
+    let options = crate::server::ServeOptions {
+        drain_timeout: Duration::from_secs(5),
+        metrics_listener: Some(metrics_listener),
+        ..Default::default()
+    };
     tokio::spawn(crate::server::serve_coordinator(
         coordinator.clone(),
-        Duration::from_secs(5),
+        options,
         listener,
-        Some(metrics_listener),
         stop.cancelled_owned(),
     ));
     Ok(LocalServices {

@@ -16,6 +16,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 use crate::cli::ServeArgs;
+use crate::config::CoordinatorConfig;
 use crate::coordinator::Coordinator;
 use crate::grpc::service::RunCoordinatorService;
 
@@ -34,28 +35,67 @@ pub async fn serve(
     let coordinator = Coordinator::start(Arc::new(store), runtime, args.coordinator.config())
         .await
         .context("starting the coordinator")?;
-    serve_coordinator(
-        coordinator,
-        args.coordinator.drain_timeout,
-        listener,
-        Some(metrics_listener),
-        shutdown,
-    )
-    .await
+    let options = ServeOptions {
+        drain_timeout: args.coordinator.drain_timeout,
+        grpc_max_message_bytes: args.grpc_max_message_bytes,
+        metrics_listener: Some(metrics_listener),
+    };
+    serve_coordinator(coordinator, options, listener, shutdown).await
 }
 
-/// Serves a started coordinator, and its `/metrics` on `metrics_listener`
-/// when given. On `shutdown`: health turns NOT_SERVING, admission stops,
-/// executing runs get `drain_timeout` to finish (then are aborted), open
-/// subscriptions and waits end, and the server stops.
+/// How a started coordinator is served.
+#[derive(Debug)]
+pub struct ServeOptions {
+    /// On shutdown: how long executing runs may take to finish.
+    pub drain_timeout: Duration,
+    /// Largest gRPC message accepted or sent.
+    pub grpc_max_message_bytes: usize,
+    /// Where `/metrics` is served; none, no endpoint.
+    pub metrics_listener: Option<TcpListener>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            drain_timeout: Duration::from_secs(30),
+            grpc_max_message_bytes: clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES,
+            metrics_listener: None,
+        }
+    }
+}
+
+/// Refuses a gRPC ceiling below the largest Submit the limits allow, so a
+/// request too large is refused by the limit meant for it, by name.
+fn check_transport(config: &CoordinatorConfig, ceiling: usize) -> anyhow::Result<()> {
+    use clawgate_common::limits::ENVELOPE_BYTES;
+    let largest_submit = config
+        .max_message_bytes
+        .saturating_add(config.max_options_bytes)
+        .saturating_add(4 * (config.max_label_chars + config.max_requester_chars))
+        .saturating_add(ENVELOPE_BYTES);
+    anyhow::ensure!(
+        largest_submit <= ceiling,
+        "COORDINATOR_GRPC_MAX_MESSAGE_BYTES ({ceiling}) must hold the largest Submit the \
+         limits allow ({largest_submit} bytes: COORDINATOR_MAX_MESSAGE_BYTES, \
+         COORDINATOR_MAX_OPTIONS_BYTES, the label and requester, and {ENVELOPE_BYTES} bytes \
+         of envelope)"
+    );
+    Ok(())
+}
+
+/// Serves a started coordinator, and its `/metrics` on the options'
+/// metrics listener when given. On `shutdown`: health turns NOT_SERVING,
+/// admission stops, executing runs get the drain timeout to finish (then are
+/// aborted), open subscriptions and waits end, and the server stops.
 pub async fn serve_coordinator(
     coordinator: Coordinator,
-    drain_timeout: Duration,
+    options: ServeOptions,
     listener: TcpListener,
-    metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let _metrics_server = metrics_listener.map(|listener| {
+    check_transport(coordinator.config(), options.grpc_max_message_bytes)?;
+    let drain_timeout = options.drain_timeout;
+    let _metrics_server = options.metrics_listener.map(|listener| {
         let mut registry = clawgate_telemetry::metrics::service_registry();
         coordinator.register_metrics(&mut registry);
         spawn_metrics_server(listener, Arc::new(registry))
@@ -64,7 +104,9 @@ pub async fn serve_coordinator(
     let service = RunCoordinatorServer::new(RunCoordinatorService::new(
         coordinator.clone(),
         stopping.clone(),
-    ));
+    ))
+    .max_decoding_message_size(options.grpc_max_message_bytes)
+    .max_encoding_message_size(options.grpc_max_message_bytes);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RunCoordinatorServer<RunCoordinatorService>>()

@@ -53,6 +53,11 @@ pub struct StoreConfig {
     #[arg(long, env = "SESSION_STORE_GROUP_COMMIT_MAX", default_value_t = 256)]
     pub group_commit_max: usize,
 
+    /// Largest gRPC message the server accepts or sends, bytes: a transport
+    /// ceiling above every input limit (docs/limits.md).
+    #[arg(long, env = "SESSION_STORE_GRPC_MAX_MESSAGE_BYTES", default_value_t = clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES)]
+    pub grpc_max_message_bytes: usize,
+
     #[command(flatten)]
     pub limits: LimitArgs,
 }

@@ -3,6 +3,7 @@
 //! Every limit is configurable (see `config.rs` and docs/session-store.md).
 
 use async_trait::async_trait;
+use clawgate_common::limits;
 
 use crate::error::{StoreError, StoreResult};
 use crate::key::SessionKey;
@@ -33,17 +34,17 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_entry_bytes: 1024 * 1024,
+            max_entry_bytes: limits::STORE_MAX_ENTRY_BYTES,
             max_entries_per_append: 256,
-            max_append_bytes: 4 * 1024 * 1024,
+            max_append_bytes: limits::STORE_MAX_APPEND_BYTES,
             default_history_limit: 200,
             max_history_limit: 1000,
-            max_history_chars: 3_000_000,
+            max_history_chars: limits::STORE_MAX_HISTORY_CHARS as u32,
             default_list_limit: 100,
             max_list_limit: 1000,
             max_label_chars: 512,
             max_name_chars: 256,
-            max_run_payload_bytes: 1024 * 1024,
+            max_run_payload_bytes: limits::STORE_MAX_RUN_PAYLOAD_BYTES,
         }
     }
 }

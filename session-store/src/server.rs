@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub metrics: StoreMetrics,
     /// Where `/metrics` is served; none, no endpoint.
     pub metrics_listener: Option<TcpListener>,
+    /// Largest gRPC message accepted or sent.
+    pub grpc_max_message_bytes: usize,
 }
 
 impl Default for ServeOptions {
@@ -43,6 +45,7 @@ impl Default for ServeOptions {
             purge_interval: Duration::from_secs(60),
             metrics: StoreMetrics::default(),
             metrics_listener: None,
+            grpc_max_message_bytes: MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -53,6 +56,7 @@ impl From<&StoreConfig> for ServeOptions {
             limits: (&config.limits).into(),
             run_retention: config.run_retention,
             purge_interval: config.purge_interval,
+            grpc_max_message_bytes: config.grpc_max_message_bytes,
             ..Self::default()
         }
     }
@@ -107,6 +111,7 @@ pub async fn serve_store(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    check_transport(&options)?;
     let store: Arc<dyn SessionStore> = Arc::new(Metered::new(
         Checked::new(backend, options.limits.clone()),
         options.metrics.clone(),
@@ -117,8 +122,8 @@ pub async fn serve_store(
         spawn_metrics_server(listener, Arc::new(registry))
     });
     let grpc = SessionStoreServer::new(SessionStoreService::new(store.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(options.grpc_max_message_bytes)
+        .max_encoding_message_size(options.grpc_max_message_bytes);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -153,6 +158,34 @@ pub async fn serve_store(
         .await;
     purger.abort();
     result.context("gRPC server")
+}
+
+/// Refuses limits under which a request they allow could not travel over
+/// gRPC, or an entry they allow could never be appended (docs/limits.md).
+fn check_transport(options: &ServeOptions) -> anyhow::Result<()> {
+    use clawgate_common::limits::ENVELOPE_BYTES;
+    let ceiling = options.grpc_max_message_bytes;
+    let limits = &options.limits;
+    for (name, bytes) in [
+        ("SESSION_STORE_MAX_APPEND_BYTES", limits.max_append_bytes),
+        (
+            "SESSION_STORE_MAX_RUN_PAYLOAD_BYTES",
+            limits.max_run_payload_bytes,
+        ),
+    ] {
+        anyhow::ensure!(
+            bytes.saturating_add(ENVELOPE_BYTES) <= ceiling,
+            "{name} ({bytes}) plus {ENVELOPE_BYTES} bytes of envelope must fit \
+             SESSION_STORE_GRPC_MAX_MESSAGE_BYTES ({ceiling})"
+        );
+    }
+    anyhow::ensure!(
+        limits.max_entry_bytes <= limits.max_append_bytes,
+        "SESSION_STORE_MAX_ENTRY_BYTES ({}) must be at most SESSION_STORE_MAX_APPEND_BYTES ({})",
+        limits.max_entry_bytes,
+        limits.max_append_bytes
+    );
+    Ok(())
 }
 
 /// Removes terminal run records older than the retention, forever.

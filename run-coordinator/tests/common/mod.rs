@@ -221,11 +221,14 @@ impl Cluster {
             .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let coordinator_url = format!("http://{}", listener.local_addr().unwrap());
+        let options = run_coordinator::server::ServeOptions {
+            drain_timeout: Duration::from_secs(5),
+            ..Default::default()
+        };
         tokio::spawn(run_coordinator::server::serve_coordinator(
             coordinator.clone(),
-            Duration::from_secs(5),
+            options,
             listener,
-            None,
             stop.clone().cancelled_owned(),
         ));
         let client = connect(&coordinator_url).await;

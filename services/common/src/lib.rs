@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+pub mod limits;
+
 /// Resolves on SIGTERM (Kubernetes) or ctrl-c.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

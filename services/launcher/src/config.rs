@@ -154,6 +154,47 @@ impl Settings {
         Self::from_matches(&command().try_get_matches_from(args)?)
     }
 
+    /// Checks that the limits of the three services agree along the
+    /// request path (docs/limits.md): each hop accepts at least what the
+    /// one before it lets through, so a request is refused by the limit
+    /// meant for it, never by a transport limit further in.
+    pub fn check_limits(&self) -> anyhow::Result<()> {
+        use clawgate_common::limits::{
+            ENVELOPE_BYTES, entry_bytes_needed, run_payload_bytes_needed,
+        };
+        let run = &self.coordinator.coordinator;
+        let store = &self.store.limits;
+        let frame = self.edge.max_payload.saturating_add(ENVELOPE_BYTES);
+        anyhow::ensure!(
+            frame <= self.coordinator.grpc_max_message_bytes,
+            "COORDINATOR_GRPC_MAX_MESSAGE_BYTES ({}) must hold EDGE_MAX_PAYLOAD ({}) and \
+             {ENVELOPE_BYTES} bytes of envelope",
+            self.coordinator.grpc_max_message_bytes,
+            self.edge.max_payload
+        );
+        let entry = entry_bytes_needed(run.max_message_bytes);
+        anyhow::ensure!(
+            store.max_entry_bytes >= entry,
+            "SESSION_STORE_MAX_ENTRY_BYTES ({}) must hold a user turn of \
+             COORDINATOR_MAX_MESSAGE_BYTES ({}) at its worst-case JSON encoding ({entry})",
+            store.max_entry_bytes,
+            run.max_message_bytes
+        );
+        let payload = run_payload_bytes_needed(
+            run.max_message_bytes,
+            run.max_options_bytes,
+            run.max_label_chars,
+            run.max_requester_chars,
+        );
+        anyhow::ensure!(
+            store.max_run_payload_bytes >= payload,
+            "SESSION_STORE_MAX_RUN_PAYLOAD_BYTES ({}) must hold a run request the coordinator \
+             accepts at its worst-case JSON encoding ({payload})",
+            store.max_run_payload_bytes
+        );
+        Ok(())
+    }
+
     fn from_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
         let [store, coordinator, edge] = parts();
         Ok(Self {
@@ -243,6 +284,35 @@ mod tests {
     fn values_that_look_like_flags_survive_the_second_parse() {
         let settings = Settings::try_parse_from(["clawgate", "--edge-token=--not-a-flag"]).unwrap();
         assert_eq!(settings.edge.token.as_deref(), Some("--not-a-flag"));
+    }
+
+    #[test]
+    fn the_default_limits_agree_and_disagreeing_ones_are_refused_by_name() {
+        Settings::try_parse_from(["clawgate"])
+            .unwrap()
+            .check_limits()
+            .unwrap();
+        for (flag, named) in [
+            (
+                "--coordinator-max-message-bytes=2000000",
+                "SESSION_STORE_MAX_ENTRY_BYTES",
+            ),
+            (
+                "--store-max-run-payload-bytes=1000",
+                "SESSION_STORE_MAX_RUN_PAYLOAD_BYTES",
+            ),
+            (
+                "--edge-max-payload=70000000",
+                "COORDINATOR_GRPC_MAX_MESSAGE_BYTES",
+            ),
+        ] {
+            let error = Settings::try_parse_from(["clawgate", flag])
+                .unwrap()
+                .check_limits()
+                .unwrap_err()
+                .to_string();
+            assert!(error.starts_with(named), "{flag}: {error}");
+        }
     }
 
     #[test]

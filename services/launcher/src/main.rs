@@ -28,11 +28,13 @@ struct Bound {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let telemetry = clawgate_telemetry::init("clawgate");
+    let settings = Settings::parse();
+    settings.check_limits()?;
     let Settings {
         store: store_config,
         coordinator: coordinator_args,
         edge: mut edge_config,
-    } = Settings::parse();
+    } = settings;
     // Everything binds first, so that a port 0 becomes the real port that
     // the edge is given and that is printed.
     let store_metrics_listener = TcpListener::bind(store_config.metrics_listen).await?;
@@ -126,11 +128,15 @@ async fn main() -> anyhow::Result<()> {
         edge_stop.cancel();
         let _ = edge_server.await;
     };
+    let options = run_coordinator::server::ServeOptions {
+        drain_timeout: coordinator_settings.drain_timeout,
+        grpc_max_message_bytes: coordinator_args.grpc_max_message_bytes,
+        metrics_listener: Some(coordinator_metrics_listener),
+    };
     let served = run_coordinator::server::serve_coordinator(
         coordinator,
-        coordinator_settings.drain_timeout,
+        options,
         coordinator_listener,
-        Some(coordinator_metrics_listener),
         signal,
     )
     .await;

@@ -6,6 +6,6 @@ pub mod convert;
 pub mod service;
 pub mod status;
 
-/// Largest gRPC message either side accepts. A History page is bounded by
-/// `Limits::max_history_chars`, well below this.
-pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// Largest gRPC message the client accepts and sends, and the server's
+/// default (`--grpc-max-message-bytes`); see `clawgate_common::limits`.
+pub const MAX_MESSAGE_BYTES: usize = clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES;
