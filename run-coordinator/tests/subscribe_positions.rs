@@ -1,0 +1,127 @@
+//! Subscribe positions a client may send (issue 9): a position past a run's
+//! last event, up to `u64::MAX`, is refused with a reset that names the
+//! position and the last seq — on a finished run and on a live one — and
+//! the coordinator goes on serving Submit and Subscribe afterwards. For the
+//! all-runs stream `u64::MAX` keeps its meaning: live only.
+
+mod common;
+
+use std::time::Duration;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+use common::*;
+use run_coordinator::config::CoordinatorConfig;
+use tonic::transport::Channel;
+
+const STEP: Duration = Duration::from_secs(10);
+
+fn by_run(run_id: &str, from_seq: u64) -> pb::SubscribeRequest {
+    pb::SubscribeRequest {
+        filter: Some(pb::subscribe_request::Filter::RunId(run_id.into())),
+        from_seq,
+        epoch: String::new(),
+    }
+}
+
+/// Every item of a subscription until it ends (bounded by `STEP`).
+async fn items(
+    client: &mut RunCoordinatorClient<Channel>,
+    request: pb::SubscribeRequest,
+) -> Vec<pb::subscribe_response::Item> {
+    let mut stream = tokio::time::timeout(STEP, client.subscribe(request))
+        .await
+        .expect("subscribe answered in time")
+        .expect("subscribe is a clean stream")
+        .into_inner();
+    let mut items = Vec::new();
+    loop {
+        let next = tokio::time::timeout(STEP, stream.message())
+            .await
+            .expect("the stream moved in time");
+        match next.expect("no error status") {
+            Some(item) => items.push(item.item.expect("an item")),
+            None => return items,
+        }
+    }
+}
+
+fn assert_refused(items: &[pb::subscribe_response::Item], from_seq: u64, last_seq: u64) {
+    let [pb::subscribe_response::Item::Reset(reset)] = items else {
+        panic!("from_seq {from_seq}: expected one reset, got {items:?}");
+    };
+    assert!(
+        reset.reason.contains(&format!("position {from_seq}"))
+            && reset.reason.contains(&format!("last seq {last_seq}")),
+        "from_seq {from_seq}: {:?}",
+        reset.reason
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_past_the_last_event_is_refused_and_the_coordinator_goes_on() {
+    let cluster = Cluster::start(Recording::echo(1, 2), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    submit(&mut client, submit_req("known", "main", "hello there")).await;
+    let last = finished(&mut client, "known").await.last_seq;
+    assert!(last > 0);
+
+    for from_seq in [u64::MAX, u64::MAX - 1, last + 1] {
+        assert_refused(
+            &items(&mut client, by_run("known", from_seq)).await,
+            from_seq,
+            last,
+        );
+    }
+    // The last seq itself is a valid position: nothing more, then the end.
+    assert!(items(&mut client, by_run("known", last)).await.is_empty());
+
+    // A live run is refused at once too, instead of a stream that waits.
+    let mut slow = submit_req("live", "other", "one two three four five");
+    slow.options_json = r#"{"chunks": 5, "paceMs": 200}"#.into();
+    submit(&mut client, slow).await;
+    let refused = items(&mut client, by_run("live", u64::MAX)).await;
+    let [pb::subscribe_response::Item::Reset(reset)] = refused.as_slice() else {
+        panic!("expected one reset, got {refused:?}");
+    };
+    assert!(reset.reason.contains("position 18446744073709551615"));
+
+    // Still serving: the all-runs stream from LIVE_ONLY sees a new run, which
+    // runs to the end and replays from 0 without a gap.
+    let mut all = client
+        .subscribe(pb::SubscribeRequest {
+            filter: Some(pb::subscribe_request::Filter::All(true)),
+            from_seq: u64::MAX,
+            epoch: String::new(),
+        })
+        .await
+        .expect("LIVE_ONLY is a valid all-runs position")
+        .into_inner();
+    submit(&mut client, submit_req("after", "third", "still here")).await;
+    let seen = loop {
+        let item = tokio::time::timeout(STEP, all.message())
+            .await
+            .expect("the all-runs stream moved")
+            .expect("no error")
+            .expect("the all-runs stream stays open");
+        match item.item {
+            Some(pb::subscribe_response::Item::Event(event)) if event.run_id == "after" => {
+                break event;
+            }
+            Some(pb::subscribe_response::Item::Event(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(seen.seq, 1);
+    let done = finished(&mut client, "after").await;
+    let replay = items(&mut client, by_run("after", 0)).await;
+    let seqs: Vec<u64> = replay
+        .iter()
+        .map(|item| match item {
+            pb::subscribe_response::Item::Event(event) => event.seq,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(seqs, (1..=done.last_seq).collect::<Vec<_>>());
+    cluster.finish().await;
+}
