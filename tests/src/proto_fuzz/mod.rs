@@ -58,7 +58,9 @@ static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static HOOK: Once = Once::new();
 
 /// Records every panic of any thread of this process from now on (and
-/// still prints it as before). Idempotent.
+/// still prints it as before). Idempotent. The hook is process-wide: a test
+/// binary should fuzz from one `#[test]` only (one service after another),
+/// so that no other test's panic is counted against a case.
 pub fn record_panics() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
@@ -149,6 +151,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// Adds `other`'s codes and failures, its methods prefixed with `label`.
+    pub fn merge(&mut self, label: &str, other: Report) {
+        for (method, codes) in other.codes {
+            self.codes.insert(format!("{label} {method}"), codes);
+        }
+        self.failures.extend(
+            other
+                .failures
+                .into_iter()
+                .map(|failure| format!("{label}: {failure}")),
+        );
+    }
+
     /// Panics with every failure, if any.
     pub fn assert_clean(&self) {
         assert!(
@@ -183,6 +198,14 @@ fn seed_for(seed: u64, path: &str) -> [u8; 32] {
     out
 }
 
+/// Why a case failed.
+enum Failure {
+    /// The call itself (its answer, or a panic while the service goes on).
+    Call(String),
+    /// The service stopped answering after the call.
+    Wedged(String),
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -191,30 +214,43 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 impl Fuzz<'_> {
+    /// Whether the service answers at all: SERVING and the probe succeeds.
+    async fn answers(&self, probe: Probe<'_>) -> Result<(), String> {
+        serving(self.channel.clone(), self.health).await?;
+        probe(self.channel.clone())
+            .await
+            .map_err(|e| format!("a valid request failed: {e}"))
+    }
+
     /// One case: the call, then the checks of the module doc.
     async fn case(
         &self,
         method: &MethodDescriptor,
         request: Bytes,
         probe: Probe<'_>,
-    ) -> Result<Outcome, String> {
-        let outcome = client::call(self.channel.clone(), method, request, &self.limits).await?;
-        if let Outcome::Failed(status) = &outcome
-            && (!clean(status.code()) || client::broken(status))
-        {
-            return Err(format!("not a clean status: {status:?}"));
-        }
-        serving(self.channel.clone(), self.health)
+    ) -> Result<Outcome, Failure> {
+        let called = client::call(self.channel.clone(), method, request, &self.limits)
             .await
-            .map_err(|e| format!("after the call: {e}"))?;
-        probe(self.channel.clone())
-            .await
-            .map_err(|e| format!("after the call, a valid request failed: {e}"))?;
+            .and_then(|outcome| match &outcome {
+                Outcome::Failed(status) if !clean(status.code()) || client::broken(status) => {
+                    Err(format!("not a clean status: {status:?}"))
+                }
+                _ => Ok(outcome),
+            });
+        let answers = self.answers(probe).await;
         let panics = take_panics();
+        let mut why: Vec<String> = called.as_ref().err().cloned().into_iter().collect();
         if !panics.is_empty() {
-            return Err(format!("the process panicked:\n  {}", panics.join("\n  ")));
+            why.push(format!("the process panicked:\n  {}", panics.join("\n  ")));
         }
-        Ok(outcome)
+        match answers {
+            Err(e) => {
+                why.push(format!("after the call: {e}"));
+                Err(Failure::Wedged(why.join("\n  ")))
+            }
+            Ok(()) if !why.is_empty() => Err(Failure::Call(why.join("\n  "))),
+            Ok(()) => Ok(called.expect("no failure")),
+        }
     }
 
     /// Fuzzes every method of the service; see the module doc.
@@ -225,8 +261,18 @@ impl Fuzz<'_> {
         let mut report = Report::default();
         for method in methods(self.service) {
             let path = path_of(&method);
+            if let Err(e) = self.runtime.block_on(self.answers(probe)) {
+                report
+                    .failures
+                    .push(format!("{path}: not fuzzed, the service is down: {e}"));
+                continue;
+            }
             let codes = RefCell::new(BTreeMap::<String, usize>::new());
             let first_failure = RefCell::new(None::<String>);
+            // Once a case wedged the service, every later one passes: a
+            // shrink step against a dead service would blame any input, so
+            // the case reported is the one that wedged it.
+            let wedged = std::cell::Cell::new(false);
             let config = Config {
                 cases,
                 failure_persistence: None,
@@ -238,8 +284,18 @@ impl Fuzz<'_> {
             let mut runner = TestRunner::new_with_rng(config, rng);
             let strategy = message(&method.input(), &self.dictionary, self.seeds.of(&path));
             let result = runner.run(&strategy, |Case(request)| {
+                if wedged.get() {
+                    return Ok(());
+                }
                 let body = Bytes::from(request.encode_to_vec());
                 let checked = self.runtime.block_on(self.case(&method, body, probe));
+                let checked = checked.map_err(|failure| match failure {
+                    Failure::Call(why) => why,
+                    Failure::Wedged(why) => {
+                        wedged.set(true);
+                        why
+                    }
+                });
                 match checked {
                     Ok(outcome) => {
                         *codes
