@@ -1,8 +1,14 @@
-//! Subscribe positions a client may send (issue 9): a position past a run's
-//! last event, up to `u64::MAX`, is refused with a reset that names the
-//! position and the last seq — on a finished run and on a live one — and
-//! the coordinator goes on serving Submit and Subscribe afterwards. For the
-//! all-runs stream `u64::MAX` keeps its meaning: live only.
+//! Client input at the edges of the contract (issue 9).
+//!
+//! Subscribe positions: a position past a run's last event, up to
+//! `u64::MAX`, is refused with a reset that names the position and the last
+//! seq — on a finished run and on a live one — and the coordinator goes on
+//! serving Submit and Subscribe afterwards. For the all-runs stream
+//! `u64::MAX` keeps its meaning: live only.
+//!
+//! Error details: a refusal about a run with a long answer carries a
+//! trimmed snapshot, so the status fits the HTTP/2 trailers and the
+//! client's connection survives.
 
 mod common;
 
@@ -123,5 +129,43 @@ async fn a_position_past_the_last_event_is_refused_and_the_coordinator_goes_on()
         })
         .collect();
     assert_eq!(seqs, (1..=done.last_seq).collect::<Vec<_>>());
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_about_a_run_with_a_long_answer_stays_small() {
+    let cluster = Cluster::start(Recording::echo(1, 2), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    let long = "a long question ".repeat(4096);
+    submit(&mut client, submit_req("long", "main", &long)).await;
+    finished(&mut client, "long").await;
+    // The same key with another message: KEY_REUSED, with the run (whose
+    // text is 64 KiB) in the detail.
+    let refused = client
+        .submit(submit_req("long", "main", "something else"))
+        .await
+        .expect_err("the key is taken");
+    assert_eq!(refused.code(), tonic::Code::AlreadyExists, "{refused:?}");
+    let detail = run_coordinator::grpc::status::detail_of(&refused).expect("a detail");
+    assert_eq!(detail.code, pb::ErrorCode::KeyReused as i32);
+    let run = detail.run.expect("the existing run");
+    assert_eq!(run.run_id, "long");
+    assert!(detail.trimmed && run.text.is_empty());
+    assert!(
+        refused.details().len() <= 8 * 1024,
+        "{}",
+        refused.details().len()
+    );
+    // The channel is intact; Get has the whole snapshot.
+    let got = client
+        .get(pb::GetRequest {
+            run_id: "long".into(),
+        })
+        .await
+        .expect("the connection survived")
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(got.text, long);
     cluster.finish().await;
 }
