@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clawgate_proto::session_store::v1 as pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
-use clawgate_system_tests::proto_fuzz::{CallLimits, Fuzz, Seeds};
+use clawgate_system_tests::proto_fuzz::{CallLimits, Fuzz, Report, Seeds};
 use session_store::SessionStore;
 use session_store::key::SessionKey;
 use session_store::model::{
@@ -292,12 +292,12 @@ fn probe(channel: Channel) -> futures::future::BoxFuture<'static, Result<(), Str
     })
 }
 
-fn fuzz(backend: &str, cases: u32, open: impl AsyncFnOnce() -> suite::harness::Harness) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+/// Fuzzes the service over the backend `open` makes; returns the report.
+fn fuzz(
+    runtime: &tokio::runtime::Runtime,
+    cases: u32,
+    open: impl AsyncFnOnce() -> suite::harness::Harness,
+) -> Report {
     let (harness, server, seeded) = runtime.block_on(async {
         let harness = open().await;
         let seeded = seed(harness.store()).await;
@@ -311,9 +311,8 @@ fn fuzz(backend: &str, cases: u32, open: impl AsyncFnOnce() -> suite::harness::H
             .await
             .unwrap()
     });
-    let started = Instant::now();
     let report = Fuzz {
-        runtime: &runtime,
+        runtime,
         channel,
         service: SERVICE,
         health: SERVICE,
@@ -327,25 +326,46 @@ fn fuzz(backend: &str, cases: u32, open: impl AsyncFnOnce() -> suite::harness::H
         },
     }
     .run(&probe);
-    eprintln!("{backend}: {:?}\n{report}", started.elapsed());
-    report.assert_clean();
     runtime.block_on(async {
         server.stop().await;
         harness.finish().await;
     });
+    report
 }
 
+/// One test for all backends, one after another: the panic hook that
+/// watches the servers is process-wide.
 #[test]
-fn every_method_answers_any_input_cleanly_embedded() {
-    fuzz("embedded", 64, suite::harness::embedded);
+fn every_method_answers_any_input_cleanly() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut report = Report::default();
+    for (backend, cases, open) in [
+        ("embedded", 64, BackendKind::Embedded),
+        ("memory", 32, BackendKind::Memory),
+        ("postgres", 16, BackendKind::Postgres),
+    ] {
+        let started = Instant::now();
+        let one = match open {
+            BackendKind::Embedded => fuzz(&runtime, cases, suite::harness::embedded),
+            BackendKind::Memory => fuzz(&runtime, cases, suite::harness::memory),
+            BackendKind::Postgres => fuzz(&runtime, cases, suite::harness::postgres),
+        };
+        eprintln!(
+            "{backend}: {cases} cases per method in {:?}",
+            started.elapsed()
+        );
+        report.merge(backend, one);
+    }
+    eprintln!("{report}");
+    report.assert_clean();
 }
 
-#[test]
-fn every_method_answers_any_input_cleanly_memory() {
-    fuzz("memory", 32, suite::harness::memory);
-}
-
-#[test]
-fn every_method_answers_any_input_cleanly_postgres() {
-    fuzz("postgres", 16, suite::harness::postgres);
+enum BackendKind {
+    Embedded,
+    Memory,
+    Postgres,
 }
