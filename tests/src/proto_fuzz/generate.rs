@@ -393,3 +393,103 @@ pub fn message(
         });
     prop_oneof![1 => fresh.prop_map(Case), 1 => mutated].boxed()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    use super::*;
+
+    /// Full names of the fields set anywhere in `message`, nested included.
+    fn set_fields(message: &DynamicMessage, into: &mut BTreeSet<String>) {
+        for (field, value) in message.fields() {
+            into.insert(field.full_name().to_owned());
+            let mut visit = |v: &Value| {
+                if let Value::Message(m) = v {
+                    set_fields(m, into);
+                }
+            };
+            match value {
+                Value::List(items) => items.iter().for_each(&mut visit),
+                other => visit(other),
+            }
+        }
+    }
+
+    fn all_fields(descriptor: &MessageDescriptor, depth: u32, into: &mut BTreeSet<String>) {
+        for field in descriptor.fields() {
+            into.insert(field.full_name().to_owned());
+            if let Kind::Message(nested) = field.kind()
+                && depth + 1 < MAX_DEPTH
+            {
+                all_fields(&nested, depth + 1, into);
+            }
+        }
+    }
+
+    #[test]
+    fn every_field_of_every_request_is_generated() {
+        let pool = crate::proto_fuzz::pool();
+        let mut runner = TestRunner::new_with_rng(
+            Config::default(),
+            TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+        );
+        let mut requests = 0;
+        for service in pool.services() {
+            for method in service.methods() {
+                requests += 1;
+                let input = method.input();
+                let strategy = message(&input, &["known".to_owned()], &[]);
+                let mut seen = BTreeSet::new();
+                for _ in 0..300 {
+                    let Case(generated) = strategy.new_tree(&mut runner).unwrap().current();
+                    set_fields(&generated, &mut seen);
+                }
+                let mut expected = BTreeSet::new();
+                all_fields(&input, 0, &mut expected);
+                let missing: Vec<_> = expected.difference(&seen).collect();
+                assert!(
+                    missing.is_empty(),
+                    "{}: never set: {missing:?}",
+                    method.full_name()
+                );
+            }
+        }
+        assert!(
+            requests >= 21,
+            "only {requests} methods in the descriptor set"
+        );
+    }
+
+    #[test]
+    fn enums_get_unknown_numbers_and_strings_get_extremes() {
+        let pool = crate::proto_fuzz::pool();
+        let mode = pool
+            .get_enum_by_name("clawgate.session_store.v1.AcquireMode")
+            .unwrap();
+        let mut runner = TestRunner::new_with_rng(
+            Config::default(),
+            TestRng::from_seed(RngAlgorithm::ChaCha, &[9; 32]),
+        );
+        let numbers = enum_numbers(&mode);
+        let drawn: BTreeSet<i32> = (0..200)
+            .map(|_| numbers.new_tree(&mut runner).unwrap().current())
+            .collect();
+        assert!(drawn.contains(&0) && drawn.contains(&2) && drawn.contains(&i32::MAX));
+        assert!(
+            drawn.contains(&3),
+            "the first number past the enum: {drawn:?}"
+        );
+        let texts = strings(&Arc::from(vec!["known".to_owned()]));
+        let drawn: Vec<String> = (0..400)
+            .map(|_| texts.new_tree(&mut runner).unwrap().current())
+            .collect();
+        assert!(drawn.iter().any(|s| s == "known"));
+        assert!(drawn.iter().any(String::is_empty));
+        assert!(drawn.iter().any(|s| s.contains('\0')));
+        assert!(drawn.iter().any(|s| s.len() > 1_000_000));
+    }
+}
