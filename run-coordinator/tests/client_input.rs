@@ -9,6 +9,9 @@
 //! Error details: a refusal about a run with a long answer carries a
 //! trimmed snapshot, so the status fits the HTTP/2 trailers and the
 //! client's connection survives.
+//!
+//! Run timeouts: whatever `timeout_ms` the configuration lets through, up
+//! to `u64::MAX`, the run executes (its deadline cannot overflow).
 
 mod common;
 
@@ -167,5 +170,28 @@ async fn a_refusal_about_a_run_with_a_long_answer_stays_small() {
         .snapshot
         .unwrap();
     assert_eq!(got.text, long);
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_run_timeout_the_configuration_allows_is_served() {
+    // No cap on run timeouts: the client's timeout_ms is taken as it is.
+    let config = CoordinatorConfig {
+        max_run_timeout: Duration::MAX,
+        ..CoordinatorConfig::default()
+    };
+    let cluster = Cluster::start(Recording::echo(1, 2), config).await;
+    let mut client = cluster.client.clone();
+    for (run_id, timeout_ms) in [("i64-max", i64::MAX as u64), ("u64-max", u64::MAX)] {
+        let mut req = submit_req(run_id, run_id, "hello there");
+        req.timeout_ms = timeout_ms;
+        submit(&mut client, req).await;
+        let done = finished(&mut client, run_id).await;
+        assert_eq!(
+            status(&done),
+            session_store::model::RunStatus::Ok,
+            "{done:?}"
+        );
+    }
     cluster.finish().await;
 }
