@@ -38,6 +38,37 @@ pub const SERVED_METHODS: &[&str] = &[
     "runs.resume",
 ];
 
+/// The params each served method accepts: the keys of its closed schema
+/// (none for the methods that take no params and ignore what they get).
+/// The handlers check against these lists, and the params property test
+/// (`tests/params_fuzz.rs`) fails if a listed key is ever refused.
+pub fn param_keys(method: &str) -> &'static [&'static str] {
+    match method {
+        "agent" => AGENT_KEYS,
+        "agent.wait" => AGENT_WAIT_KEYS,
+        "chat.send" => CHAT_SEND_KEYS,
+        "chat.abort" => CHAT_ABORT_KEYS,
+        "chat.history" => HISTORY_KEYS,
+        "sessions.list" => SESSIONS_LIST_KEYS,
+        "sessions.reset" => SESSIONS_RESET_KEYS,
+        "sessions.delete" => SESSIONS_DELETE_KEYS,
+        "runs.resume" => RUNS_RESUME_KEYS,
+        _ => &[],
+    }
+}
+
+const AGENT_WAIT_KEYS: &[&str] = &["runId", "timeoutMs"];
+const CHAT_ABORT_KEYS: &[&str] = &[
+    "sessionKey",
+    "runId",
+    "agentId",
+    "preserveSideRuns",
+    "exemptRunId",
+];
+const SESSIONS_RESET_KEYS: &[&str] = &["key", "reason"];
+const SESSIONS_DELETE_KEYS: &[&str] = &["key", "deleteTranscript", "emitLifecycleHooks"];
+pub const RUNS_RESUME_KEYS: &[&str] = &["runId", "fromSeq", "epoch"];
+
 /// A method's answer: ok with a payload, or an error (with a payload for
 /// the few methods that send both).
 pub(crate) type Answer = Result<Value, (ErrorShape, Option<Value>)>;
@@ -415,7 +446,7 @@ async fn agent(edge: &Arc<Edge>, conn: &Arc<Conn>, request: &Request, received: 
 }
 
 async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("agent.wait", params, &["runId", "timeoutMs"]).map_err(fail)?;
+    let p = Params::new("agent.wait", params, AGENT_WAIT_KEYS).map_err(fail)?;
     let run_id = p.required_non_empty("runId").map_err(fail)?;
     trace::record_run(run_id);
     let timeout_ms = p
@@ -563,18 +594,7 @@ fn is_active(snapshot: &pb::RunSnapshot) -> bool {
 }
 
 async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
-    let p = Params::new(
-        "chat.abort",
-        params,
-        &[
-            "sessionKey",
-            "runId",
-            "agentId",
-            "preserveSideRuns",
-            "exemptRunId",
-        ],
-    )
-    .map_err(fail)?;
+    let p = Params::new("chat.abort", params, CHAT_ABORT_KEYS).map_err(fail)?;
     let session = key_for(
         "chat.abort",
         p.required_non_empty("sessionKey").map_err(fail)?,
@@ -769,7 +789,7 @@ fn notify_sessions_changed(edge: &Arc<Edge>, key: &str, reason: &str) {
 }
 
 async fn sessions_reset(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("sessions.reset", params, &["key", "reason"]).map_err(fail)?;
+    let p = Params::new("sessions.reset", params, SESSIONS_RESET_KEYS).map_err(fail)?;
     let key = key_for("sessions.reset", p.required_non_empty("key").map_err(fail)?)?;
     let reason = match p.string("reason").map_err(fail)? {
         None | Some("reset") => "reset",
@@ -791,12 +811,7 @@ async fn sessions_reset(edge: &Arc<Edge>, params: &Value) -> Answer {
 }
 
 async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new(
-        "sessions.delete",
-        params,
-        &["key", "deleteTranscript", "emitLifecycleHooks"],
-    )
-    .map_err(fail)?;
+    let p = Params::new("sessions.delete", params, SESSIONS_DELETE_KEYS).map_err(fail)?;
     let key = key_for(
         "sessions.delete",
         p.required_non_empty("key").map_err(fail)?,

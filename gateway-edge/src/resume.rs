@@ -20,12 +20,12 @@ use crate::conn::{BroadcastSpan, Conn};
 use crate::edge::Edge;
 use crate::fanout::{self, RunMemory};
 use crate::frames::ErrorShape;
-use crate::methods::{Answer, backend_error, fail};
+use crate::methods::{Answer, RUNS_RESUME_KEYS, backend_error, fail};
 use crate::params::Params;
 use crate::trace;
 
 pub(crate) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
-    let p = Params::new("runs.resume", params, &["runId", "fromSeq", "epoch"]).map_err(fail)?;
+    let p = Params::new("runs.resume", params, RUNS_RESUME_KEYS).map_err(fail)?;
     let run_id = p.required_non_empty("runId").map_err(fail)?.to_owned();
     trace::record_run(&run_id);
     let from_seq = p

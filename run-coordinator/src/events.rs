@@ -127,8 +127,14 @@ struct RunLog {
 }
 
 impl RunLog {
+    /// At least 1 (seqs start at 1), so `first_kept_seq() - 1` never wraps.
     fn first_kept_seq(&self) -> u64 {
         self.events.front().map_or(self.next_seq, |e| e.seq)
+    }
+
+    /// The seq of the last event (0: none yet); `next_seq` starts at 1.
+    fn last_seq(&self) -> u64 {
+        self.next_seq - 1
     }
 }
 
@@ -219,7 +225,7 @@ impl EventHub {
     /// The seq of the run's last event (0: none, or no log).
     pub fn last_seq(&self, run_id: &str) -> u64 {
         let state = self.state.lock().unwrap();
-        state.logs.get(run_id).map_or(0, |log| log.next_seq - 1)
+        state.logs.get(run_id).map_or(0, RunLog::last_seq)
     }
 
     fn expire(&self, state: &mut HubState) {
@@ -249,7 +255,16 @@ impl EventHub {
                 "no event log for run {run_id:?} (unknown or expired)"
             ))
         })?;
-        if after_seq + 1 < log.first_kept_seq() {
+        // A client can only have seen seqs the log issued: a position past
+        // the last one (up to u64::MAX) is refused, so a cursor is never
+        // beyond `next_seq - 1` and `cursor + 1` cannot overflow.
+        let last_seq = log.last_seq();
+        if after_seq > last_seq {
+            return Err(self.reset(format!(
+                "position {after_seq} is past the last event of run {run_id:?} (last seq {last_seq})"
+            )));
+        }
+        if after_seq < log.first_kept_seq() - 1 {
             return Err(self.reset(format!(
                 "events after seq {after_seq} of run {run_id:?} are no longer kept"
             )));
@@ -279,7 +294,9 @@ impl EventHub {
             .stream
             .front()
             .map_or(state.next_stream_seq, |e| e.stream_seq);
-        if after_stream_seq + 1 < first_kept || after_stream_seq >= state.next_stream_seq {
+        // `first_kept >= 1`; comparing against `first_kept - 1` keeps a
+        // client's position out of the arithmetic.
+        if after_stream_seq < first_kept - 1 || after_stream_seq >= state.next_stream_seq {
             return Err(self.reset(format!(
                 "stream position {after_stream_seq} is not available (kept: {first_kept}..{})",
                 state.next_stream_seq - 1
@@ -317,13 +334,15 @@ impl RunSubscription {
                 let Some(log) = state.logs.get(&self.run_id) else {
                     return Some(Err(self.hub.reset("the run's event log expired")));
                 };
+                // `cursor <= last_seq` (checked at subscribe, then it only
+                // takes seqs of events), so no step here can overflow.
                 let first = log.first_kept_seq();
-                if self.cursor + 1 < first {
+                if self.cursor < first - 1 {
                     return Some(Err(self
                         .hub
                         .reset("the subscriber fell behind the kept events")));
                 }
-                if self.cursor + 1 < log.next_seq {
+                if self.cursor < log.last_seq() {
                     let event = log.events[(self.cursor + 1 - first) as usize].clone();
                     self.cursor = event.seq;
                     return Some(Ok(event));
@@ -338,7 +357,7 @@ impl RunSubscription {
                 state
                     .logs
                     .get(&self.run_id)
-                    .is_none_or(|log| log.closed || self.cursor + 1 < log.next_seq)
+                    .is_none_or(|log| log.closed || self.cursor < log.last_seq())
             })
             .await;
         }
@@ -359,10 +378,12 @@ impl StreamSubscription {
                     .stream
                     .front()
                     .map_or(state.next_stream_seq, |e| e.stream_seq);
-                if self.cursor + 1 < first {
+                // `cursor < next_stream_seq` (checked at subscribe), as in
+                // `RunSubscription::next`.
+                if self.cursor < first - 1 {
                     return Err(self.hub.reset("the subscriber fell behind the kept events"));
                 }
-                if self.cursor + 1 < state.next_stream_seq {
+                if self.cursor < state.next_stream_seq - 1 {
                     let event = state.stream[(self.cursor + 1 - first) as usize].clone();
                     self.cursor = event.stream_seq;
                     return Ok(event);
@@ -371,7 +392,7 @@ impl StreamSubscription {
             let hub = self.hub.clone();
             let cursor = self.cursor;
             wait_for(&hub.stream_notify, || {
-                cursor + 1 < hub.state.lock().unwrap().next_stream_seq
+                cursor < hub.state.lock().unwrap().next_stream_seq - 1
             })
             .await;
         }
@@ -388,4 +409,56 @@ async fn wait_for(notify: &Notify, ready: impl Fn() -> bool) {
         return;
     }
     notified.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued() -> EventBody {
+        EventBody::Status {
+            status: RunStatus::Queued,
+            queue_position: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_position_past_its_last_event_is_refused_and_the_hub_goes_on() {
+        let hub = Arc::new(EventHub::new("e".into(), HubLimits::default()));
+        hub.open("r", "k");
+        hub.emit("r", 1, queued());
+        for from in [2, u64::MAX - 1, u64::MAX] {
+            let Err(reset) = hub.subscribe_run("r", from, None) else {
+                panic!("position {from} was accepted");
+            };
+            assert!(
+                reset.reason.contains(&format!("position {from} "))
+                    && reset.reason.contains("last seq 1"),
+                "{}",
+                reset.reason
+            );
+        }
+        // The lock is not poisoned: the log still takes events and serves
+        // every valid position, the last one included.
+        let mut from_last = hub.subscribe_run("r", 1, None).expect("the last seq");
+        let mut from_zero = hub.subscribe_run("r", 0, None).expect("the start");
+        assert!(hub.emit("r", 2, queued()).is_some());
+        assert_eq!(from_zero.next().await.unwrap().unwrap().seq, 1);
+        assert_eq!(from_last.next().await.unwrap().unwrap().seq, 2);
+        hub.close("r");
+        assert!(from_last.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn live_only_follows_the_all_runs_stream_from_now() {
+        let hub = Arc::new(EventHub::new("e".into(), HubLimits::default()));
+        hub.open("r", "k");
+        hub.emit("r", 1, queued());
+        let mut live = hub.subscribe_all(LIVE_ONLY, None).expect("live only");
+        for from in [2, u64::MAX - 1] {
+            assert!(hub.subscribe_all(from, None).is_err(), "position {from}");
+        }
+        hub.emit("r", 2, queued());
+        assert_eq!(live.next().await.unwrap().stream_seq, 2);
+    }
 }

@@ -71,6 +71,9 @@ impl Deltas {
     }
 }
 
+/// A deadline that never comes (what an unbounded run timeout ends at).
+const FAR_FUTURE: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
 fn stale(err: &StoreError) -> bool {
     matches!(
         err,
@@ -302,7 +305,14 @@ impl Inner {
             self.config.default_run_timeout,
             std::time::Duration::from_millis,
         );
-        let deadline = Instant::now() + timeout;
+        // The client's timeout is bounded only by `max_run_timeout`, which
+        // may allow anything: neither deadline may overflow (the executor
+        // would die with the run left running and its lane held).
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + FAR_FUTURE);
+        let deadline_ms =
+            i64::try_from(timeout.as_millis()).map_or(i64::MAX, |ms| now_ms().saturating_add(ms));
         let mut turn = Turn::default();
         let request = RuntimeRequest {
             run_id: run.id.clone(),
@@ -311,7 +321,7 @@ impl Inner {
             message: run.spec.message.clone(),
             history: self.history(run, held, user_seq).await,
             options: run.spec.options.clone(),
-            deadline_ms: Some(now_ms() + timeout.as_millis() as i64),
+            deadline_ms: Some(deadline_ms),
         };
         let started = tokio::select! {
             biased;

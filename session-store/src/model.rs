@@ -31,8 +31,14 @@ pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
 
 /// Parses a sessionId sent by a caller.
 pub fn parse_session_id(raw: &str) -> Result<SessionId, StoreError> {
-    Uuid::parse_str(raw)
-        .map_err(|_| StoreError::invalid(format!("sessionId {raw:?} is not a UUID")))
+    Uuid::parse_str(raw).map_err(|_| {
+        // Quotes the start only: the input may be megabytes.
+        let mut shown: String = raw.chars().take(40).collect();
+        if shown.len() < raw.len() {
+            shown.push('…');
+        }
+        StoreError::invalid(format!("sessionId {shown:?} is not a UUID"))
+    })
 }
 
 /// What the store tells about a session.

@@ -363,3 +363,96 @@ async fn fence_errors_carry_code_and_current_values() {
     );
     server.stop().await;
 }
+
+/// The trailers of one status: its message percent-encoded and its
+/// encoded details, roughly as they go on the wire.
+fn trailer_bytes(status: &tonic::Status) -> usize {
+    let encoded: usize = status
+        .message()
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { 1 } else { 3 })
+        .sum();
+    encoded + status.details().len() * 4 / 3
+}
+
+#[tokio::test]
+async fn refusals_quoting_large_input_or_records_stay_within_the_trailer_budget() {
+    use session_store::SessionStore;
+    use session_store::model::{NewRun, RunStatus, RunUpdate};
+
+    let server = TestServer::start(Arc::new(MemoryStore::new()), ServeOptions::default()).await;
+    let mut client = SessionStoreClient::new(channel(&server).await);
+    // A bogus sessionId of 64 KiB is quoted by its start only.
+    let refused = client
+        .append(pb::AppendRequest {
+            session_key: "main".into(),
+            session_id: "😀".repeat(16 * 1024),
+            run_id: "r".into(),
+            fence_token: 1,
+            entries: vec![entry("[]")],
+        })
+        .await
+        .expect_err("not a UUID");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().len() <= 600,
+        "{}",
+        refused.message().len()
+    );
+    assert!(trailer_bytes(&refused) < 12 * 1024);
+
+    // A finished run whose request and outcome are 64 KiB each.
+    let remote = server.remote().await;
+    let big = "x".repeat(64 * 1024);
+    let created = remote
+        .create_run(NewRun {
+            run_id: "big".into(),
+            session_key: session_store::SessionKey::parse("main").unwrap(),
+            kind: "agent".into(),
+            fingerprint: "f".into(),
+            status: RunStatus::Accepted,
+            owner: "o".into(),
+            request_json: serde_json::json!({ "m": big }).to_string(),
+        })
+        .await
+        .unwrap();
+    let update = |version, outcome_json: Option<String>| RunUpdate {
+        run_id: "big".into(),
+        expected_version: version,
+        status: RunStatus::Ok,
+        owner: None,
+        outcome_json,
+        session_id: None,
+        fence_token: None,
+    };
+    let done = remote
+        .update_run(update(
+            created.record.version,
+            Some(serde_json::json!({ "t": big }).to_string()),
+        ))
+        .await
+        .unwrap();
+    // Refused: the status carries the record without its payloads, marked so.
+    let refused = client
+        .update_run(pb::UpdateRunRequest {
+            run_id: "big".into(),
+            expected_version: done.version,
+            status: pb::RunStatus::Ok as i32,
+            ..Default::default()
+        })
+        .await
+        .expect_err("terminal");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(trailer_bytes(&refused) < 12 * 1024);
+    assert!(session_store::grpc::status::is_trimmed(&refused));
+    // … and the remote client reads it whole, as the in-process store has it.
+    match remote.update_run(update(done.version, None)).await {
+        Err(session_store::StoreError::RunTerminal { current }) => assert_eq!(*current, done),
+        other => panic!("expected RUN_TERMINAL, got {other:?}"),
+    }
+    match remote.update_run(update(1, None)).await {
+        Err(session_store::StoreError::RunTerminal { current }) => assert_eq!(*current, done),
+        other => panic!("expected RUN_TERMINAL, got {other:?}"),
+    }
+    server.stop().await;
+}

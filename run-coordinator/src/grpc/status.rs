@@ -2,6 +2,7 @@
 //! `CoordinatorErrorDetail` travels inside the standard details trailer.
 
 use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_proto::status_detail::MAX_DETAIL_BYTES;
 use tonic::{Code, Status};
 
 use super::convert::snapshot_to_pb;
@@ -31,11 +32,34 @@ pub fn to_status(err: CoordinatorError) -> Status {
         CoordinatorError::SessionBusy { blocking } => Some(snapshot_to_pb(*blocking)),
         _ => None,
     };
-    let detail = pb::CoordinatorErrorDetail {
+    let mut detail = pb::CoordinatorErrorDetail {
         code: detail_code as i32,
         run,
+        trimmed: false,
     };
+    trim(&mut detail);
     clawgate_proto::status_detail::with_detail(code, message, DETAIL_TYPE_URL, &detail)
+}
+
+/// Keeps the encoded detail within `MAX_DETAIL_BYTES` (it travels in the
+/// trailers, see `clawgate_proto::status_detail`): past it the snapshot
+/// keeps only the fields that identify the run and its state. The text (as
+/// long as the runtime's answer), the error, the stop reason, the usage and
+/// the requester go; what stays is bounded by the limits on run ids (256
+/// characters), session keys (523) and kinds (64 bytes).
+fn trim(detail: &mut pb::CoordinatorErrorDetail) {
+    use prost::Message;
+    if detail.encoded_len() <= MAX_DETAIL_BYTES {
+        return;
+    }
+    if let Some(run) = &mut detail.run {
+        detail.trimmed = true;
+        run.text.clear();
+        run.error = None;
+        run.stop_reason = None;
+        run.usage_json = None;
+        run.requester.clear();
+    }
 }
 
 /// The detail a coordinator error carries, for clients.

@@ -10,7 +10,7 @@ use tonic::transport::Endpoint;
 
 use super::MAX_MESSAGE_BYTES;
 use super::convert::*;
-use super::status::from_status;
+use super::status::{from_status, is_trimmed};
 use crate::error::{StoreError, StoreResult};
 use crate::key::SessionKey;
 use crate::model::*;
@@ -213,13 +213,23 @@ impl SessionStore for RemoteStore {
     }
 
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
-        let res = self
-            .client()
-            .update_run(run_update_to_pb(update))
-            .await
-            .map_err(from_status)?
-            .into_inner();
-        record(res.record)
+        let run_id = update.run_id.clone();
+        let status = match self.client().update_run(run_update_to_pb(update)).await {
+            Ok(res) => return record(res.into_inner().record),
+            Err(status) => status,
+        };
+        let trimmed = is_trimmed(&status);
+        let mut err = from_status(status);
+        // A large record comes back without its payloads: read it whole, so
+        // the caller sees the same error as in process.
+        if trimmed
+            && let StoreError::RunVersionConflict { current, .. }
+            | StoreError::RunTerminal { current } = &mut err
+            && let Ok(Some(whole)) = self.get_run(&run_id).await
+        {
+            **current = whole;
+        }
+        Err(err)
     }
 
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {

@@ -6,6 +6,7 @@
 //! rebuilds the exact `StoreError`.
 
 use clawgate_proto::session_store::v1 as pb;
+use clawgate_proto::status_detail::MAX_DETAIL_BYTES;
 use tonic::{Code, Status};
 
 use super::convert::{run_from_pb, run_to_pb, session_from_pb, session_to_pb};
@@ -64,7 +65,37 @@ pub fn to_status(err: StoreError) -> Status {
         StoreError::RunNotFound(run_id) => detail.run_id = Some(run_id),
         _ => {}
     }
+    trim(&mut detail);
     clawgate_proto::status_detail::with_detail(code, message, DETAIL_TYPE_URL, &detail)
+}
+
+/// Keeps the encoded detail within `MAX_DETAIL_BYTES` (it travels in the
+/// trailers, see `clawgate_proto::status_detail`): a run record's payloads
+/// (each up to `max_run_payload_bytes`) go first, then the session's label.
+/// What is left is bounded by the fixed limits on keys and ids (≈ 4 KiB at
+/// most, all characters 4 bytes wide).
+fn trim(detail: &mut pb::StoreErrorDetail) {
+    use prost::Message;
+    let fits = |d: &pb::StoreErrorDetail| d.encoded_len() <= MAX_DETAIL_BYTES;
+    if fits(detail) {
+        return;
+    }
+    detail.trimmed = true;
+    if let Some(run) = &mut detail.current_run {
+        run.request_json.clear();
+        run.outcome_json = None;
+    }
+    if !fits(detail)
+        && let Some(session) = &mut detail.current_session
+    {
+        session.label = None;
+    }
+}
+
+/// Whether a status's detail says it left payload fields out (see `trim`).
+pub fn is_trimmed(status: &Status) -> bool {
+    clawgate_proto::status_detail::detail_of::<pb::StoreErrorDetail>(status, DETAIL_TYPE_URL)
+        .is_some_and(|d| d.trimmed)
 }
 
 /// Rebuilds the `StoreError` a server sent. A status without our detail (a
