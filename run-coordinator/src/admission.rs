@@ -60,8 +60,13 @@ impl Inner {
                 self.config.max_requester_chars
             )));
         }
-        if spec.kind.is_empty() || spec.kind.len() > 64 {
-            return Err(CoordinatorError::invalid("kind must be 1..64 characters"));
+        if spec.kind.is_empty() || spec.kind.chars().count() > 64 {
+            return Err(CoordinatorError::invalid("kind must be 1..=64 characters"));
+        }
+        if spec.kind.contains('\0') || spec.label.as_deref().is_some_and(|l| l.contains('\0')) {
+            return Err(CoordinatorError::invalid(
+                "kind and label must not contain NUL characters",
+            ));
         }
         if !spec.options.is_object() {
             return Err(CoordinatorError::invalid("options must be a JSON object"));

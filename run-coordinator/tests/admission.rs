@@ -190,6 +190,22 @@ async fn bad_submits_are_invalid_argument() {
     let mut mode = submit_req("k4", "main", "hi");
     mode.queue_mode = 42;
     cases.push(("unknown queue mode", mode, "queue mode"));
+    let mut label = submit_req("k5", "main", "hi");
+    label.label = Some("l".repeat(513));
+    cases.push(("label too long", label, "COORDINATOR_MAX_LABEL_CHARS"));
+    let mut label = submit_req("k6", "main", "hi");
+    label.label = Some("nul\0".into());
+    cases.push(("label with NUL", label, "NUL"));
+    let mut requester = submit_req("k7", "main", "hi");
+    requester.requester = "r".repeat(257);
+    cases.push((
+        "requester too long",
+        requester,
+        "COORDINATOR_MAX_REQUESTER_CHARS",
+    ));
+    let mut kind = submit_req("k8", "main", "hi");
+    kind.kind = "é".repeat(65);
+    cases.push(("kind too long", kind, "1..=64 characters"));
     for (what, req, part) in cases {
         let err = client.submit(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}");

@@ -28,8 +28,24 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Parses `500ms`, `90s`, `30m`, `24h`, `7d`, or plain seconds.
+/// The longest duration a setting may have: a hundred years, which is
+/// "never" for a timeout or a retention and still leaves `now + duration`
+/// far from overflowing a clock.
+pub const MAX_SETTING_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Parses `500ms`, `90s`, `30m`, `24h`, `7d`, or plain seconds, at most
+/// [`MAX_SETTING_DURATION`].
 pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let duration = parse_any_duration(raw)?;
+    if duration > MAX_SETTING_DURATION {
+        return Err(format!(
+            "{raw:?} is longer than the longest setting, 100 years"
+        ));
+    }
+    Ok(duration)
+}
+
+fn parse_any_duration(raw: &str) -> Result<Duration, String> {
     let raw = raw.trim();
     let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
     let (digits, unit) = raw.split_at(split);
@@ -109,5 +125,8 @@ mod tests {
         assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
         assert!(parse_duration("h").is_err());
         assert!(parse_duration("5 weeks").is_err());
+        assert_eq!(parse_duration("36500d"), Ok(MAX_SETTING_DURATION));
+        assert!(parse_duration("36501d").is_err());
+        assert!(parse_duration("18446744073709551615s").is_err());
     }
 }
