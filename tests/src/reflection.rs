@@ -21,21 +21,9 @@ pub enum Version {
 macro_rules! reflection_calls {
     ($module:ident, $list:ident, $describe:ident) => {
         async fn $list(channel: Channel) -> Vec<String> {
-            use tonic_reflection::pb::$module::server_reflection_client::ServerReflectionClient;
             use tonic_reflection::pb::$module::server_reflection_request::MessageRequest;
             use tonic_reflection::pb::$module::server_reflection_response::MessageResponse;
-            use tonic_reflection::pb::$module::ServerReflectionRequest;
-            let request = ServerReflectionRequest {
-                host: String::new(),
-                message_request: Some(MessageRequest::ListServices(String::new())),
-            };
-            let mut answers = ServerReflectionClient::new(channel)
-                .server_reflection_info(tokio_stream::iter([request]))
-                .await
-                .expect("reflection answers")
-                .into_inner();
-            let answer = answers.message().await.expect("an answer").expect("one");
-            match answer.message_response {
+            match ask!($module, channel, MessageRequest::ListServices(String::new())) {
                 Some(MessageResponse::ListServicesResponse(list)) => {
                     list.service.into_iter().map(|s| s.name).collect()
                 }
@@ -44,26 +32,38 @@ macro_rules! reflection_calls {
         }
 
         async fn $describe(channel: Channel, symbol: &str) -> bool {
-            use tonic_reflection::pb::$module::server_reflection_client::ServerReflectionClient;
             use tonic_reflection::pb::$module::server_reflection_request::MessageRequest;
             use tonic_reflection::pb::$module::server_reflection_response::MessageResponse;
-            use tonic_reflection::pb::$module::ServerReflectionRequest;
-            let request = ServerReflectionRequest {
-                host: String::new(),
-                message_request: Some(MessageRequest::FileContainingSymbol(symbol.to_owned())),
-            };
-            let mut answers = ServerReflectionClient::new(channel)
-                .server_reflection_info(tokio_stream::iter([request]))
-                .await
-                .expect("reflection answers")
-                .into_inner();
-            let answer = answers.message().await.expect("an answer").expect("one");
+            let request = MessageRequest::FileContainingSymbol(symbol.to_owned());
             matches!(
-                answer.message_response,
+                ask!($module, channel, request),
                 Some(MessageResponse::FileDescriptorResponse(files)) if !files.file_descriptor_proto.is_empty()
             )
         }
     };
+}
+
+/// Sends one reflection request of version `$module`; its one answer.
+macro_rules! ask {
+    ($module:ident, $channel:expr, $request:expr) => {{
+        use tonic_reflection::pb::$module::ServerReflectionRequest;
+        use tonic_reflection::pb::$module::server_reflection_client::ServerReflectionClient;
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some($request),
+        };
+        let mut answers = ServerReflectionClient::new($channel)
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .expect("reflection answers")
+            .into_inner();
+        answers
+            .message()
+            .await
+            .expect("an answer")
+            .expect("one")
+            .message_response
+    }};
 }
 
 reflection_calls!(v1, list_v1, describe_v1);
