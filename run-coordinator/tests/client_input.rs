@@ -33,7 +33,8 @@ fn by_run(run_id: &str, from_seq: u64) -> pb::SubscribeRequest {
     }
 }
 
-/// Every item of a subscription until it ends (bounded by `STEP`).
+/// Every item of a subscription until it ends (bounded by `STEP`), after
+/// the `subscribed` item a served subscription starts with.
 async fn items(
     client: &mut RunCoordinatorClient<Channel>,
     request: pb::SubscribeRequest,
@@ -48,8 +49,12 @@ async fn items(
         let next = tokio::time::timeout(STEP, stream.message())
             .await
             .expect("the stream moved in time");
-        match next.expect("no error status") {
-            Some(item) => items.push(item.item.expect("an item")),
+        match next
+            .expect("no error status")
+            .map(|item| item.item.expect("an item"))
+        {
+            Some(pb::subscribe_response::Item::Subscribed(_)) if items.is_empty() => {}
+            Some(item) => items.push(item),
             None => return items,
         }
     }
@@ -117,7 +122,10 @@ async fn a_position_past_the_last_event_is_refused_and_the_coordinator_goes_on()
             Some(pb::subscribe_response::Item::Event(event)) if event.run_id == "after" => {
                 break event;
             }
-            Some(pb::subscribe_response::Item::Event(_)) => {}
+            Some(
+                pb::subscribe_response::Item::Event(_)
+                | pb::subscribe_response::Item::Subscribed(_),
+            ) => {}
             other => panic!("unexpected {other:?}"),
         }
     };
