@@ -92,6 +92,13 @@ fn coordinator_probe(channel: Channel) -> BoxFuture<'static, Result<(), String>>
             .await
             .map_err(|s| format!("Subscribe: {s:?}"))?
             .into_inner();
+        // First the `subscribed` item, then the run's first event.
+        match tokio::time::timeout(STEP, events.message()).await {
+            Ok(Ok(Some(pb::SubscribeResponse {
+                item: Some(pb::subscribe_response::Item::Subscribed(_)),
+            }))) => {}
+            other => return Err(format!("Subscribe: {other:?}")),
+        }
         match tokio::time::timeout(STEP, events.message()).await {
             Ok(Ok(Some(pb::SubscribeResponse {
                 item: Some(pb::subscribe_response::Item::Event(event)),
