@@ -3,8 +3,8 @@
 //!
 //! `server` (HTTP listener, upgrade, pre-auth budget), `socket` (one
 //! connection's life), `handshake` + `identity` + `device` (connect),
-//! `scopes` (authorization), `methods` + `params` (the served methods),
-//! `resume` (`runs.resume`: replay, then live, handed over from the broadcast),
+//! `scopes` (authorization), `methods` (the method table and one file per
+//! method family, `runs.resume` among them) + `params` (closed params),
 //! `fanout` (run events to clients), `conn` (outbox with the slow-consumer
 //! policy), `frames` (the wire shapes), `trace` (a span per request),
 //! `metrics` (Prometheus).
@@ -21,7 +21,6 @@ pub mod methods;
 pub mod metrics;
 pub mod params;
 pub mod preauth_io;
-mod resume;
 pub mod scopes;
 pub mod server;
 pub mod socket;

@@ -16,15 +16,18 @@ use std::sync::Arc;
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
 
+use super::{Answer, backend_error, fail};
 use crate::conn::{BroadcastSpan, Conn};
 use crate::edge::Edge;
 use crate::fanout::{self, RunMemory};
 use crate::frames::ErrorShape;
-use crate::methods::{Answer, RUNS_RESUME_KEYS, backend_error, fail};
 use crate::params::Params;
 use crate::trace;
 
-pub(crate) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+/// The params of `runs.resume`.
+pub(super) const RUNS_RESUME_KEYS: &[&str] = &["runId", "fromSeq", "epoch"];
+
+pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
     let p = Params::new("runs.resume", params, RUNS_RESUME_KEYS).map_err(fail)?;
     let run_id = p.required_non_empty("runId").map_err(fail)?.to_owned();
     trace::record_run(&run_id);

@@ -1,0 +1,255 @@
+//! `chat.send`, `chat.abort` and `chat.history`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use serde_json::{Value, json};
+use session_store::SessionStore;
+use session_store::model::{HistoryCursor, HistoryQuery};
+
+use super::{Answer, backend_error, fail, key_for, store_error};
+use crate::conn::Conn;
+use crate::edge::Edge;
+use crate::fanout::status_name;
+use crate::frames::{self, ErrorShape};
+use crate::params::Params;
+use crate::trace;
+
+pub(super) const CHAT_SEND_KEYS: &[&str] = &[
+    "sessionKey",
+    "message",
+    "idempotencyKey",
+    "thinking",
+    "deliver",
+    "originatingChannel",
+    "originatingTo",
+    "originatingAccountId",
+    "originatingThreadId",
+    "attachments",
+    "timeoutMs",
+    "systemInputProvenance",
+    "systemProvenanceReceipt",
+    "agentId",
+    "sessionId",
+    "fastMode",
+    "fastAutoOnSeconds",
+    "queueMode",
+    "replyToId",
+    "toolBindings",
+    "suppressCommandInterpretation",
+    "expectedLeafEntryId",
+    "expectedSessionRoutingContract",
+];
+
+pub(super) async fn chat_send(
+    edge: &Arc<Edge>,
+    conn: &Arc<Conn>,
+    params: &Value,
+    received: Instant,
+) -> Answer {
+    let p = Params::new("chat.send", params, CHAT_SEND_KEYS).map_err(fail)?;
+    let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
+    let message = p.required_string("message").map_err(fail)?;
+    let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
+    trace::record_run(key);
+    if message.contains('\0') {
+        return Err(fail(ErrorShape::invalid(
+            "message must not contain null bytes",
+        )));
+    }
+    if message.trim().is_empty() {
+        return Err(fail(ErrorShape::invalid("message or attachment required")));
+    }
+    let session = key_for("chat.send", raw_key)?;
+    let queue_mode = match p.string("queueMode").map_err(fail)? {
+        Some("interrupt") => pb::QueueMode::Interrupt,
+        _ => pb::QueueMode::Enqueue,
+    };
+    let timeout_ms = p
+        .integer("timeoutMs", 0, 48 * 3600 * 1000)
+        .map_err(fail)?
+        .unwrap_or(0);
+    let mut coordinator = edge.backends.coordinator.clone();
+    let done = coordinator
+        .submit(pb::SubmitRequest {
+            run_id: key.to_owned(),
+            session_key: session.as_str().to_owned(),
+            kind: "chat".into(),
+            message: message.to_owned(),
+            queue_mode: queue_mode as i32,
+            timeout_ms,
+            options_json: String::new(),
+            requester: conn.requester.clone(),
+            label: None,
+        })
+        .await
+        .map_err(backend_error)?
+        .into_inner();
+    let snapshot = done.snapshot.unwrap_or_default();
+    match pb::Admission::try_from(done.admission) {
+        Ok(pb::Admission::Accepted) => {
+            edge.metrics.acked("chat.send", received);
+            Ok(json!({ "runId": key, "status": "started" }))
+        }
+        Ok(pb::Admission::InFlight) => Ok(json!({ "runId": key, "status": "in_flight" })),
+        _ => match status_name(snapshot.status) {
+            "ok" => Ok(json!({ "runId": key, "status": "ok" })),
+            other => {
+                let summary = snapshot
+                    .error
+                    .as_ref()
+                    .map_or_else(|| format!("run {other}"), |e| e.message.clone());
+                Err((
+                    ErrorShape::unavailable(summary.clone()),
+                    Some(json!({ "runId": key, "status": "error", "summary": summary })),
+                ))
+            }
+        },
+    }
+}
+
+fn owns(conn: &Conn, snapshot: &pb::RunSnapshot) -> bool {
+    conn.is_admin() || snapshot.requester.is_empty() || snapshot.requester == conn.requester
+}
+
+fn is_active(snapshot: &pb::RunSnapshot) -> bool {
+    matches!(
+        status_name(snapshot.status),
+        "accepted" | "queued" | "running"
+    )
+}
+
+pub(super) const CHAT_ABORT_KEYS: &[&str] = &[
+    "sessionKey",
+    "runId",
+    "agentId",
+    "preserveSideRuns",
+    "exemptRunId",
+];
+
+pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+    let p = Params::new("chat.abort", params, CHAT_ABORT_KEYS).map_err(fail)?;
+    let session = key_for(
+        "chat.abort",
+        p.required_non_empty("sessionKey").map_err(fail)?,
+    )?;
+    let run_id = p.optional_non_empty("runId").map_err(fail)?;
+    if let Some(run_id) = run_id {
+        trace::record_run(run_id);
+    }
+    let mut coordinator = edge.backends.coordinator.clone();
+    let candidates: Vec<pb::RunSnapshot> = match run_id {
+        Some(run_id) => {
+            let got = coordinator
+                .get(pb::GetRequest {
+                    run_id: run_id.to_owned(),
+                })
+                .await
+                .map_err(backend_error)?
+                .into_inner()
+                .snapshot;
+            match got.filter(is_active) {
+                None => return Ok(json!({ "ok": true, "aborted": false, "runIds": [] })),
+                Some(run) if run.session_key != session.as_str() => {
+                    return Err(fail(ErrorShape::invalid("runId does not match sessionKey")));
+                }
+                Some(run) => vec![run],
+            }
+        }
+        None => {
+            coordinator
+                .list_active(pb::ListActiveRequest {
+                    session_key: Some(session.as_str().to_owned()),
+                })
+                .await
+                .map_err(backend_error)?
+                .into_inner()
+                .runs
+        }
+    };
+    let mine: Vec<&pb::RunSnapshot> = candidates.iter().filter(|r| owns(conn, r)).collect();
+    if mine.is_empty() && !candidates.is_empty() {
+        return Err(fail(ErrorShape::invalid("unauthorized")));
+    }
+    let mut aborted = Vec::new();
+    for run in mine {
+        let cancelled = coordinator
+            .cancel(pb::CancelRequest {
+                target: Some(pb::cancel_request::Target::RunId(run.run_id.clone())),
+                requester: conn.requester.clone(),
+            })
+            .await
+            .map_err(backend_error)?
+            .into_inner();
+        if cancelled
+            .runs
+            .iter()
+            .any(|r| status_name(r.status) == "aborted")
+        {
+            aborted.push(run.run_id.clone());
+        }
+    }
+    Ok(json!({ "ok": true, "aborted": !aborted.is_empty(), "runIds": aborted }))
+}
+
+pub(super) const HISTORY_KEYS: &[&str] = &[
+    "sessionKey",
+    "limit",
+    "maxChars",
+    "agentId",
+    "offset",
+    "messageId",
+    "sessionId",
+    "cursor",
+];
+
+pub(super) async fn chat_history(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("chat.history", params, HISTORY_KEYS).map_err(fail)?;
+    let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
+    let key = key_for("chat.history", raw_key)?;
+    let limit = p.integer("limit", 1, 1000).map_err(fail)?.unwrap_or(200) as u32;
+    let max_chars = p
+        .integer("maxChars", 1, 500_000)
+        .map_err(fail)?
+        .map(|n| n as u32);
+    let session_id = match p.optional_non_empty("sessionId").map_err(fail)? {
+        Some(id) => Some(id.parse().map_err(|_| {
+            fail(ErrorShape::invalid(
+                "invalid chat.history params: /sessionId must be a UUID",
+            ))
+        })?),
+        None => None,
+    };
+    let page = edge
+        .backends
+        .store
+        .history(HistoryQuery {
+            key,
+            limit,
+            cursor: HistoryCursor::Latest,
+            max_chars,
+            session_id,
+        })
+        .await
+        .map_err(store_error)?;
+    let id = page.session_id.map(|id| id.to_string());
+    let messages: Vec<Value> = page
+        .entries
+        .iter()
+        .map(|e| {
+            let content: Value = serde_json::from_str(&e.content_json).unwrap_or_else(|_| json!(e.content_json));
+            let usage = e.metadata.usage_json.as_deref().and_then(|u| serde_json::from_str::<Value>(u).ok());
+            frames::without_nulls(json!({
+                "role": e.role, "content": content, "timestamp": e.timestamp_ms,
+                "stopReason": e.metadata.stop_reason, "usage": usage,
+                "aborted": e.metadata.aborted.then_some(true),
+                "__openclaw": { "id": format!("{}:{}", id.as_deref().unwrap_or(""), e.seq), "seq": e.seq, "runId": e.run_id },
+            }))
+        })
+        .collect();
+    Ok(frames::without_nulls(json!({
+        "sessionKey": raw_key, "sessionId": id, "messages": messages,
+        "hasMore": page.has_more, "totalMessages": page.total,
+    })))
+}
