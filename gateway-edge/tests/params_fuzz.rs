@@ -15,13 +15,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use clawgate_system_tests::proto_fuzz::{record_panics, take_panics};
+use clawgate_system_tests::proto_fuzz::{env_or, record_panics, seeded_runner, take_panics};
 use common::*;
 use futures::{SinkExt, StreamExt};
 use gateway_edge::methods::{SERVED_METHODS, param_keys};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 use run_coordinator::config::CoordinatorConfig;
 use serde_json::{Map, Value, json};
 use tokio_tungstenite::tungstenite::Message;
@@ -367,31 +367,14 @@ fn every_method_answers_any_params_cleanly() {
         (system, client, dictionary, session_id)
     });
 
-    let cases = std::env::var("PARAMS_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES_PER_METHOD);
-    let seed: u64 = std::env::var("PARAMS_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(SEED);
+    let cases = env_or("PARAMS_FUZZ_CASES", CASES_PER_METHOD);
+    let seed = env_or("PARAMS_FUZZ_SEED", SEED);
     let started = Instant::now();
     let mut failures = Vec::new();
     let mut outcomes: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     let mut n = 0u64;
-    for (index, method) in SERVED_METHODS.iter().enumerate() {
-        let config = Config {
-            cases,
-            failure_persistence: None,
-            max_shrink_iters: 32,
-            rng_algorithm: RngAlgorithm::ChaCha,
-            ..Config::default()
-        };
-        let mut bytes = [0u8; 32];
-        bytes[..8].copy_from_slice(&seed.to_le_bytes());
-        bytes[8] = index as u8;
-        let mut runner =
-            TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    for method in SERVED_METHODS {
+        let mut runner = seeded_runner(cases, 32, seed, method);
         let codes = std::cell::RefCell::new(BTreeMap::<String, usize>::new());
         let client_cell = std::cell::RefCell::new(&mut client);
         let counter = std::cell::Cell::new(n);

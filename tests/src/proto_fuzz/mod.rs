@@ -198,6 +198,22 @@ fn seed_for(seed: u64, path: &str) -> [u8; 32] {
     out
 }
 
+/// A proptest runner that draws the same cases on every run: `cases` cases,
+/// at most `max_shrink_iters` shrink steps, its stream of randomness fixed by
+/// `seed` and `label` (a method's path or name, so methods differ), nothing
+/// persisted between runs.
+pub fn seeded_runner(cases: u32, max_shrink_iters: u32, seed: u64, label: &str) -> TestRunner {
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters,
+        rng_algorithm: RngAlgorithm::ChaCha,
+        ..Config::default()
+    };
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_for(seed, label));
+    TestRunner::new_with_rng(config, rng)
+}
+
 /// Why a case failed.
 enum Failure {
     /// The call itself (its answer, or a panic while the service goes on).
@@ -206,7 +222,9 @@ enum Failure {
     Wedged(String),
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+/// The value of variable `name` when it parses, else `default` (how a run
+/// overrides its case count or seed).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -273,15 +291,7 @@ impl Fuzz<'_> {
             // shrink step against a dead service would blame any input, so
             // the case reported is the one that wedged it.
             let wedged = std::cell::Cell::new(false);
-            let config = Config {
-                cases,
-                failure_persistence: None,
-                max_shrink_iters: 64,
-                rng_algorithm: RngAlgorithm::ChaCha,
-                ..Config::default()
-            };
-            let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &seed_for(seed, &path));
-            let mut runner = TestRunner::new_with_rng(config, rng);
+            let mut runner = seeded_runner(cases, 64, seed, &path);
             let strategy = message(&method.input(), &self.dictionary, self.seeds.of(&path));
             let result = runner.run(&strategy, |Case(request)| {
                 if wedged.get() {
