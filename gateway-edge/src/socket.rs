@@ -242,6 +242,8 @@ async fn serve_connection(
     let mut ticks = tokio::time::interval(edge.config.tick_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
+    // A frame over the limit is still arriving when the socket closes.
+    let mut over_limit = false;
     let order = loop {
         tokio::select! {
             biased;
@@ -278,11 +280,9 @@ async fn serve_connection(
             message = socket.next() => match incoming(message) {
                 Incoming::Text(text, _) => crate::methods::dispatch(&edge, &conn, &text),
                 Incoming::TooLarge => {
-                    edge.unregister(conn.id);
-                    conn.outbox.closing.cancel();
+                    over_limit = true;
                     // As the WebSocket library of the OpenClaw gateway words it.
-                    close_over_limit(&mut socket, 1009, "Max payload size exceeded").await;
-                    return;
+                    break Some(CloseOrder { code: 1009, reason: "Max payload size exceeded".into() });
                 }
                 Incoming::Closed => break None,
                 Incoming::Ignore => {}
@@ -292,7 +292,11 @@ async fn serve_connection(
     edge.unregister(conn.id);
     conn.outbox.closing.cancel();
     if let Some(order) = order {
-        close(&mut socket, order.code, &order.reason).await;
+        if over_limit {
+            close_over_limit(&mut socket, order.code, &order.reason).await;
+        } else {
+            close(&mut socket, order.code, &order.reason).await;
+        }
     } else {
         let _ = socket.close(None).await;
     }
