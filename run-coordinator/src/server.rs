@@ -67,12 +67,13 @@ impl Default for ServeOptions {
 /// Refuses a gRPC ceiling below the largest Submit the limits allow, so a
 /// request too large is refused by the limit meant for it, by name.
 fn check_transport(config: &CoordinatorConfig, ceiling: usize) -> anyhow::Result<()> {
-    use clawgate_common::limits::ENVELOPE_BYTES;
-    let largest_submit = config
-        .max_message_bytes
-        .saturating_add(config.max_options_bytes)
-        .saturating_add(4 * (config.max_label_chars + config.max_requester_chars))
-        .saturating_add(ENVELOPE_BYTES);
+    use clawgate_common::limits::{ENVELOPE_BYTES, submit_bytes_needed};
+    let largest_submit = submit_bytes_needed(
+        config.max_message_bytes,
+        config.max_options_bytes,
+        config.max_label_chars,
+        config.max_requester_chars,
+    );
     anyhow::ensure!(
         largest_submit <= ceiling,
         "COORDINATOR_GRPC_MAX_MESSAGE_BYTES ({ceiling}) must hold the largest Submit the \

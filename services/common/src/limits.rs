@@ -25,8 +25,8 @@ pub const EDGE_MAX_PAYLOAD: usize = 25 * MIB;
 pub const EDGE_PREAUTH_MAX_BYTES: usize = 64 * KIB;
 
 /// The largest gRPC message every clawgate server and client accepts and
-/// sends (`SESSION_STORE_GRPC_MAX_MESSAGE_BYTES`,
-/// `COORDINATOR_GRPC_MAX_MESSAGE_BYTES`, `EDGE_GRPC_MAX_MESSAGE_BYTES`). It
+/// sends (the servers' `SESSION_STORE_GRPC_MAX_MESSAGE_BYTES` and
+/// `COORDINATOR_GRPC_MAX_MESSAGE_BYTES`; the clients use this value). It
 /// is a transport ceiling, never the limit a request meets first: it is
 /// above anything the limits below let through.
 pub const GRPC_MAX_MESSAGE_BYTES: usize = 64 * MIB;
@@ -58,7 +58,7 @@ const UTF8_MAX: usize = 4;
 
 /// The largest transcript entry (`SESSION_STORE_MAX_ENTRY_BYTES`): a user
 /// turn holds the run's message as a JSON string, whatever its characters.
-pub const STORE_MAX_ENTRY_BYTES: usize = JSON_EXPANSION * RUN_MAX_MESSAGE_BYTES + ENVELOPE_BYTES;
+pub const STORE_MAX_ENTRY_BYTES: usize = entry_bytes_needed(RUN_MAX_MESSAGE_BYTES);
 
 /// The largest Append, all entries together (`SESSION_STORE_MAX_APPEND_BYTES`).
 pub const STORE_MAX_APPEND_BYTES: usize = 2 * STORE_MAX_ENTRY_BYTES;
@@ -66,10 +66,12 @@ pub const STORE_MAX_APPEND_BYTES: usize = 2 * STORE_MAX_ENTRY_BYTES;
 /// The largest `request_json` / `outcome_json` of a run record
 /// (`SESSION_STORE_MAX_RUN_PAYLOAD_BYTES`): a run's request as JSON, its
 /// message, label and requester each at their worst-case encoding.
-pub const STORE_MAX_RUN_PAYLOAD_BYTES: usize = JSON_EXPANSION
-    * (RUN_MAX_MESSAGE_BYTES + UTF8_MAX * (RUN_MAX_LABEL_CHARS + RUN_MAX_REQUESTER_CHARS))
-    + RUN_MAX_OPTIONS_BYTES
-    + ENVELOPE_BYTES;
+pub const STORE_MAX_RUN_PAYLOAD_BYTES: usize = run_payload_bytes_needed(
+    RUN_MAX_MESSAGE_BYTES,
+    RUN_MAX_OPTIONS_BYTES,
+    RUN_MAX_LABEL_CHARS,
+    RUN_MAX_REQUESTER_CHARS,
+);
 
 /// The most characters of one History page, counted in the entries' stored
 /// JSON (`SESSION_STORE_MAX_HISTORY_CHARS`). A page holds at least one entry
@@ -86,6 +88,14 @@ pub const EDGE_MAX_BUFFERED_BYTES: usize = 16 * MIB;
 const _: () = {
     assert!(EDGE_PREAUTH_MAX_BYTES <= EDGE_MAX_PAYLOAD);
     assert!(EDGE_MAX_PAYLOAD + ENVELOPE_BYTES <= GRPC_MAX_MESSAGE_BYTES);
+    assert!(
+        submit_bytes_needed(
+            RUN_MAX_MESSAGE_BYTES,
+            RUN_MAX_OPTIONS_BYTES,
+            RUN_MAX_LABEL_CHARS,
+            RUN_MAX_REQUESTER_CHARS
+        ) <= GRPC_MAX_MESSAGE_BYTES
+    );
     assert!(STORE_MAX_ENTRY_BYTES <= STORE_MAX_APPEND_BYTES);
     assert!(STORE_MAX_APPEND_BYTES + ENVELOPE_BYTES <= GRPC_MAX_MESSAGE_BYTES);
     assert!(STORE_MAX_RUN_PAYLOAD_BYTES + ENVELOPE_BYTES <= GRPC_MAX_MESSAGE_BYTES);
@@ -99,48 +109,42 @@ const _: () = {
 /// The `request_json` a run's request needs at most, for given limits of
 /// the coordinator (the store's `max_run_payload_bytes` must be at least
 /// this).
-pub fn run_payload_bytes_needed(
+pub const fn run_payload_bytes_needed(
     max_message_bytes: usize,
     max_options_bytes: usize,
     max_label_chars: usize,
     max_requester_chars: usize,
 ) -> usize {
     JSON_EXPANSION
-        .saturating_mul(
-            max_message_bytes
-                .saturating_add(UTF8_MAX.saturating_mul(max_label_chars + max_requester_chars)),
-        )
+        .saturating_mul(max_message_bytes.saturating_add(
+            UTF8_MAX.saturating_mul(max_label_chars.saturating_add(max_requester_chars)),
+        ))
         .saturating_add(max_options_bytes)
+        .saturating_add(ENVELOPE_BYTES)
+}
+
+/// The gRPC `Submit` a coordinator with these limits accepts at most
+/// (protobuf carries strings as they are: no expansion, four bytes a
+/// character at most); its gRPC message limit must be at least this.
+pub const fn submit_bytes_needed(
+    max_message_bytes: usize,
+    max_options_bytes: usize,
+    max_label_chars: usize,
+    max_requester_chars: usize,
+) -> usize {
+    max_message_bytes
+        .saturating_add(max_options_bytes)
+        .saturating_add(
+            UTF8_MAX.saturating_mul(max_label_chars.saturating_add(max_requester_chars)),
+        )
         .saturating_add(ENVELOPE_BYTES)
 }
 
 /// The transcript entry a run's user turn needs at most, for a given
 /// coordinator message limit (the store's `max_entry_bytes` must be at least
 /// this).
-pub fn entry_bytes_needed(max_message_bytes: usize) -> usize {
+pub const fn entry_bytes_needed(max_message_bytes: usize) -> usize {
     JSON_EXPANSION
         .saturating_mul(max_message_bytes)
         .saturating_add(ENVELOPE_BYTES)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_defaults_meet_their_own_needs() {
-        assert_eq!(
-            STORE_MAX_ENTRY_BYTES,
-            entry_bytes_needed(RUN_MAX_MESSAGE_BYTES)
-        );
-        assert_eq!(
-            STORE_MAX_RUN_PAYLOAD_BYTES,
-            run_payload_bytes_needed(
-                RUN_MAX_MESSAGE_BYTES,
-                RUN_MAX_OPTIONS_BYTES,
-                RUN_MAX_LABEL_CHARS,
-                RUN_MAX_REQUESTER_CHARS
-            )
-        );
-    }
 }
