@@ -109,10 +109,6 @@ impl Coordinator {
         Ok(coordinator)
     }
 
-    pub fn config(&self) -> &CoordinatorConfig {
-        &self.inner.config
-    }
-
     pub fn epoch(&self) -> &str {
         &self.inner.epoch
     }

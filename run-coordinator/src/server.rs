@@ -16,7 +16,6 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 use crate::cli::ServeArgs;
-use crate::config::CoordinatorConfig;
 use crate::coordinator::Coordinator;
 use crate::grpc::service::RunCoordinatorService;
 
@@ -27,6 +26,7 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    check_transport(&args)?;
     let store = RemoteStore::connect(&args.store_address)
         .await
         .context("connecting to the session store")?;
@@ -65,14 +65,16 @@ impl Default for ServeOptions {
 }
 
 /// Refuses a gRPC ceiling below the largest Submit the limits allow, so a
-/// request too large is refused by the limit meant for it, by name.
-fn check_transport(config: &CoordinatorConfig, ceiling: usize) -> anyhow::Result<()> {
+/// request too large is refused by the limit meant for it, by name. Checked
+/// before anything starts (the standalone binary and the all-in-one).
+pub fn check_transport(args: &ServeArgs) -> anyhow::Result<()> {
     use clawgate_common::limits::{ENVELOPE_BYTES, submit_bytes_needed};
+    let (limits, ceiling) = (&args.coordinator, args.grpc_max_message_bytes);
     let largest_submit = submit_bytes_needed(
-        config.max_message_bytes,
-        config.max_options_bytes,
-        config.max_label_chars,
-        config.max_requester_chars,
+        limits.max_message_bytes,
+        limits.max_options_bytes,
+        limits.max_label_chars,
+        limits.max_requester_chars,
     );
     anyhow::ensure!(
         largest_submit <= ceiling,
@@ -94,7 +96,6 @@ pub async fn serve_coordinator(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    check_transport(coordinator.config(), options.grpc_max_message_bytes)?;
     let drain_timeout = options.drain_timeout;
     let _metrics_server = options.metrics_listener.map(|listener| {
         let mut registry = clawgate_telemetry::metrics::service_registry();

@@ -95,11 +95,12 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let backend = open_backend(&config).await?;
     let options = ServeOptions {
         metrics_listener: Some(TcpListener::bind(config.metrics_listen).await?),
         ..ServeOptions::from(&config)
     };
+    check_transport(&options)?;
+    let backend = open_backend(&config).await?;
     serve_store(backend, options, listener, shutdown).await
 }
 
@@ -111,7 +112,6 @@ pub async fn serve_store(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    check_transport(&options)?;
     let store: Arc<dyn SessionStore> = Arc::new(Metered::new(
         Checked::new(backend, options.limits.clone()),
         options.metrics.clone(),
@@ -162,7 +162,8 @@ pub async fn serve_store(
 
 /// Refuses limits under which a request they allow could not travel over
 /// gRPC, or an entry they allow could never be appended (docs/limits.md).
-fn check_transport(options: &ServeOptions) -> anyhow::Result<()> {
+/// Checked before the backend is opened (the binary and the all-in-one).
+pub fn check_transport(options: &ServeOptions) -> anyhow::Result<()> {
     use clawgate_common::limits::ENVELOPE_BYTES;
     let ceiling = options.grpc_max_message_bytes;
     let limits = &options.limits;

@@ -162,6 +162,9 @@ impl Settings {
         use clawgate_common::limits::{
             ENVELOPE_BYTES, entry_bytes_needed, run_payload_bytes_needed,
         };
+        // Each service's own start-up checks, then the chain between them.
+        session_store::server::check_transport(&(&self.store).into())?;
+        run_coordinator::server::check_transport(&self.coordinator)?;
         let run = &self.coordinator.coordinator;
         let store = &self.store.limits;
         let frame = self.edge.max_payload.saturating_add(ENVELOPE_BYTES);

@@ -35,6 +35,10 @@ async fn main() -> anyhow::Result<()> {
         coordinator: coordinator_args,
         edge: mut edge_config,
     } = settings;
+    if edge_config.auth_mode == AuthMode::Token && edge_config.token.is_none() {
+        edge_config.token = Some(uuid::Uuid::new_v4().simple().to_string());
+    }
+    edge_config.check()?;
     // Everything binds first, so that a port 0 becomes the real port that
     // the edge is given and that is printed.
     let store_metrics_listener = TcpListener::bind(store_config.metrics_listen).await?;
@@ -78,10 +82,6 @@ async fn main() -> anyhow::Result<()> {
     edge_config.coordinator_address = format!("http://{}", bound.coordinator);
     edge_config.store_address = format!("http://{}", bound.store);
     edge_config.listen = bound.edge;
-    if edge_config.auth_mode == AuthMode::Token && edge_config.token.is_none() {
-        edge_config.token = Some(uuid::Uuid::new_v4().simple().to_string());
-    }
-    edge_config.check()?;
     let auth = match edge_config.auth_mode {
         AuthMode::Token => format!("token {}", edge_config.token.as_deref().unwrap_or_default()),
         AuthMode::Password => "password (EDGE_PASSWORD)".to_owned(),
