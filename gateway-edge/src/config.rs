@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::{Args, FromArgMatches, ValueEnum};
 use clawgate_common::{limits, parse_duration};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -106,27 +106,22 @@ impl EdgeConfig {
         }
     }
 
-    /// Token auth on loopback port 0 with every other setting at its default
-    /// (tests and the all-in-one launcher).
+    /// Token auth on loopback port 0 with every other setting at its
+    /// default (tests, benchmarks). The defaults are the flags' own, read
+    /// without the environment, so this cannot drift from them.
     pub fn with_token(coordinator_address: String, store_address: String, token: &str) -> Self {
-        Self {
-            listen: "127.0.0.1:0".parse().expect("valid address"),
-            coordinator_address,
-            store_address,
-            auth_mode: AuthMode::Token,
-            token: Some(token.to_owned()),
-            password: None,
-            device_token_secret: None,
-            handshake_timeout: Duration::from_secs(15),
-            preauth_max_bytes: limits::EDGE_PREAUTH_MAX_BYTES,
-            preauth_per_ip: 32,
-            max_payload: limits::EDGE_MAX_PAYLOAD,
-            max_buffered_bytes: limits::EDGE_MAX_BUFFERED_BYTES,
-            socket_send_buffer: 256 * 1024,
-            tick_interval: Duration::from_secs(30),
-            health_interval: Duration::from_secs(60),
-            auth_failures_per_minute: 10,
-            max_connections: 20_000,
-        }
+        let command =
+            Self::augment_args(clap::Command::new("gateway-edge")).mut_args(|arg| arg.env(None));
+        let matches = command
+            .try_get_matches_from([
+                "gateway-edge".to_owned(),
+                "--listen=127.0.0.1:0".to_owned(),
+                format!("--coordinator-address={coordinator_address}"),
+                format!("--store-address={store_address}"),
+                "--auth-mode=token".to_owned(),
+                format!("--token={token}"),
+            ])
+            .expect("the defaults and these flags parse");
+        Self::from_arg_matches(&matches).expect("every field is set")
     }
 }
