@@ -174,7 +174,7 @@ async fn main() {
         max_executing: 64,
         ..CoordinatorConfig::default()
     };
-    let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
+    let services = clawgate_system_tests::local::spawn(dir.path(), runtime, config, stop.clone())
         .await
         .unwrap();
     let (store_url, coordinator_url) = (services.store_url, services.coordinator_url);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
 use clawgate_telemetry::{TracedChannel, traced_channel};
-use session_store::grpc::client::RemoteStore;
+use session_store_api::grpc::client::RemoteStore;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

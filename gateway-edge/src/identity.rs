@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use session_store::store::now_ms;
+use session_store_api::store::now_ms;
 
 use crate::device::{DeviceProof, SignedContext, signed_token, verify_device};
 use crate::edge::Edge;

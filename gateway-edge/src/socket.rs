@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use futures::{SinkExt, StreamExt};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use session_store::store::now_ms;
+use session_store_api::store::now_ms;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;

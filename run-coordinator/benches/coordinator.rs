@@ -103,7 +103,7 @@ async fn main() {
         max_executing: 64,
         ..CoordinatorConfig::default()
     };
-    let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
+    let services = clawgate_system_tests::local::spawn(dir.path(), runtime, config, stop.clone())
         .await
         .unwrap();
     let address = services.coordinator_url;

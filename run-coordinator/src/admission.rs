@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use session_store::model::NewRun;
-use session_store::store::now_ms;
-use session_store::{SessionKey, SessionStore};
+use session_store_api::model::NewRun;
+use session_store_api::store::now_ms;
+use session_store_api::{SessionKey, SessionStore};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -34,7 +34,7 @@ fn fingerprint(key: &SessionKey, spec: &RunSpec) -> String {
 
 impl Inner {
     fn validate(&self, req: &SubmitRequest) -> CoordinatorResult<()> {
-        session_store::model::validate_run_id(&req.run_id)?;
+        session_store_api::model::validate_run_id(&req.run_id)?;
         let spec = &req.spec;
         if spec.message.trim().is_empty() {
             return Err(CoordinatorError::invalid("message must not be empty"));

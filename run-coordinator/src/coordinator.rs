@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use session_store::model::RunRecord;
-use session_store::store::now_ms;
-use session_store::{SessionKey, SessionStore};
+use session_store_api::model::RunRecord;
+use session_store_api::store::now_ms;
+use session_store_api::{SessionKey, SessionStore};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -251,7 +251,7 @@ impl Inner {
         if let Some(run) = self.lock().runs.get(run_id).cloned() {
             return Ok(Some(run));
         }
-        if session_store::model::validate_run_id(run_id).is_err() {
+        if session_store_api::model::validate_run_id(run_id).is_err() {
             return Ok(None);
         }
         let record = self.store.get_run(run_id).await?;

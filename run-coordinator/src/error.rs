@@ -1,7 +1,7 @@
 //! The one error type of the coordinator; `grpc::status` maps it to status
 //! codes in one place.
 
-use session_store::StoreError;
+use session_store_api::StoreError;
 
 use crate::model::RunSnapshot;
 

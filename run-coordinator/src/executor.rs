@@ -10,12 +10,12 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use session_store::StoreError;
-use session_store::model::{
+use session_store_api::StoreError;
+use session_store_api::model::{
     AcquireMode, AcquireWriter, AppendEntries, EntryMetadata, ExpectedSession, HistoryCursor,
     HistoryQuery, NewEntry, RunUpdate,
 };
-use session_store::store::now_ms;
+use session_store_api::store::now_ms;
 use tokio::time::Instant;
 use tracing::Instrument;
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use session_store::SessionKey;
+use session_store_api::SessionKey;
 
 use crate::coordinator::{Inner, State};
 use crate::events::EventBody;

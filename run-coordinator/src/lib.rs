@@ -19,7 +19,6 @@ pub mod events;
 mod executor;
 pub mod grpc;
 mod lanes;
-pub mod local;
 mod metrics;
 pub mod model;
 mod recovery;

@@ -1,8 +1,8 @@
 //! Domain types of the coordinator (no tonic or prost types here).
 
 use serde::{Deserialize, Serialize};
-use session_store::SessionKey;
-pub use session_store::model::RunStatus;
+use session_store_api::SessionKey;
+pub use session_store_api::model::RunStatus;
 
 use crate::runtime::Usage;
 

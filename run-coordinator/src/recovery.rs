@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use session_store::SessionKey;
-use session_store::model::{AcquireMode, AcquireWriter, ExpectedSession, RunRecord, RunUpdate};
+use session_store_api::SessionKey;
+use session_store_api::model::{AcquireMode, AcquireWriter, ExpectedSession, RunRecord, RunUpdate};
 
 use crate::coordinator::{Inner, spec_of};
 use crate::error::CoordinatorResult;
@@ -69,8 +69,8 @@ impl Inner {
         match self.store.update_run(update).await {
             Ok(_) => self.metrics.run_finished(RunStatus::Lost),
             // Settled meanwhile by someone else: nothing left to do.
-            Err(session_store::StoreError::RunVersionConflict { .. })
-            | Err(session_store::StoreError::RunTerminal { .. }) => return Ok(()),
+            Err(session_store_api::StoreError::RunVersionConflict { .. })
+            | Err(session_store_api::StoreError::RunTerminal { .. }) => return Ok(()),
             Err(err) => return Err(err.into()),
         }
         // Take the fence from the lost run (only if it still holds it), then
@@ -110,8 +110,8 @@ impl Inner {
         };
         let claimed = match self.store.update_run(update).await {
             Ok(claimed) => claimed,
-            Err(session_store::StoreError::RunVersionConflict { .. })
-            | Err(session_store::StoreError::RunTerminal { .. }) => return Ok(false),
+            Err(session_store_api::StoreError::RunVersionConflict { .. })
+            | Err(session_store_api::StoreError::RunTerminal { .. }) => return Ok(false),
             Err(err) => return Err(err.into()),
         };
         let run = Arc::new(Run::from_record(

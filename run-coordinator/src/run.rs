@@ -9,8 +9,8 @@
 
 use std::sync::Mutex;
 
-use session_store::SessionKey;
-use session_store::model::RunRecord;
+use session_store_api::SessionKey;
+use session_store_api::model::RunRecord;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clawgate_proto::run_coordinator::v1::run_coordinator_server::RunCoordinatorServer;
 use clawgate_telemetry::metrics::spawn_metrics_server;
-use session_store::grpc::client::RemoteStore;
+use session_store_api::grpc::client::RemoteStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use session_store::model::RunUpdate;
-use session_store::store::now_ms;
-use session_store::{SessionStore, StoreError};
+use session_store_api::model::RunUpdate;
+use session_store_api::store::now_ms;
+use session_store_api::{SessionStore, StoreError};
 use tokio::time::Instant;
 
 use crate::coordinator::{Inner, spec_of};

@@ -1,7 +1,8 @@
 //! Shared by the system tests: the real binaries as a cluster of child
 //! processes ([`cluster`], each started through [`process`]), a client of the
 //! edge's WebSocket protocol ([`client`]), an in-process OTLP trace receiver
-//! ([`receiver`]), the services' span contract as checks over received spans
+//! ([`receiver`]), the store and the coordinator in this process on port 0
+//! ([`local`]), the services' span contract as checks over received spans
 //! ([`contract`]), gRPC server reflection in both versions ([`reflection`]),
 //! and a descriptor-driven gRPC fuzzer every service's tests use
 //! ([`proto_fuzz`]).
@@ -9,6 +10,7 @@
 pub mod client;
 pub mod cluster;
 pub mod contract;
+pub mod local;
 pub mod process;
 pub mod proto_fuzz;
 pub mod receiver;

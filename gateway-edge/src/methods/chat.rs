@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
-use session_store::SessionStore;
-use session_store::model::{HistoryCursor, HistoryQuery};
+use session_store_api::SessionStore;
+use session_store_api::model::{HistoryCursor, HistoryQuery};
 
 use super::{Answer, backend_error, fail, key_for, store_error};
 use crate::conn::Conn;

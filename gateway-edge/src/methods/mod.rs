@@ -21,7 +21,7 @@ use std::time::Instant;
 use clawgate_proto::run_coordinator::v1 as pb;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use session_store::SessionKey;
+use session_store_api::SessionKey;
 use tracing::Instrument;
 
 use crate::conn::Conn;
@@ -206,9 +206,9 @@ pub(crate) fn backend_error(status: tonic::Status) -> (ErrorShape, Option<Value>
     (error, None)
 }
 
-pub(crate) fn store_error(err: session_store::StoreError) -> (ErrorShape, Option<Value>) {
+pub(crate) fn store_error(err: session_store_api::StoreError) -> (ErrorShape, Option<Value>) {
     let error = match err {
-        session_store::StoreError::InvalidArgument(message) => ErrorShape::invalid(message),
+        session_store_api::StoreError::InvalidArgument(message) => ErrorShape::invalid(message),
         other => ErrorShape::unavailable(other.to_string()).retry_after(500),
     };
     (error, None)

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use session_store::SessionStore;
-use session_store::model::ListQuery;
-use session_store::store::now_ms;
+use session_store_api::SessionStore;
+use session_store_api::model::ListQuery;
+use session_store_api::store::now_ms;
 
 use super::{Answer, fail, key_for, store_error};
 use crate::conn::Conn;
@@ -14,8 +14,8 @@ use crate::edge::Edge;
 use crate::frames::{self, ErrorShape};
 use crate::params::Params;
 
-fn session_row(s: &session_store::model::Session) -> Value {
-    use session_store::model::RunStatus as S;
+fn session_row(s: &session_store_api::model::Session) -> Value {
+    use session_store_api::model::RunStatus as S;
     let status = s.last_run_status.map(|status| match status {
         S::Accepted | S::Queued | S::Running => "running",
         S::Ok => "done",

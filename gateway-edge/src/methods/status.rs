@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use session_store::SessionStore;
-use session_store::model::ListQuery;
-use session_store::store::now_ms;
+use session_store_api::SessionStore;
+use session_store_api::model::ListQuery;
+use session_store_api::store::now_ms;
 
 use super::{Answer, fail, store_error};
 use crate::edge::Edge;

@@ -134,9 +134,10 @@ impl System {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let stop = CancellationToken::new();
-        let services = run_coordinator::local::spawn(dir.path(), runtime, config, stop.clone())
-            .await
-            .unwrap();
+        let services =
+            clawgate_system_tests::local::spawn(dir.path(), runtime, config, stop.clone())
+                .await
+                .unwrap();
         Self {
             store_url: services.store_url,
             coordinator_url: services.coordinator_url,

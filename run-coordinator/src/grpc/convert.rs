@@ -1,8 +1,8 @@
 //! Protobuf ↔ domain conversions for the coordinator's gRPC face.
 
 use clawgate_proto::run_coordinator::v1 as pb;
-use session_store::SessionKey;
-use session_store::grpc::convert::status_to_pb;
+use session_store_api::SessionKey;
+use session_store_api::grpc::convert::status_to_pb;
 
 use crate::error::CoordinatorError;
 use crate::events::{EventBody, LifecyclePhase, RunEvent, ToolPhase};

@@ -7,7 +7,7 @@ use clawgate_proto::run_coordinator::v1 as pb;
 use clawgate_proto::run_coordinator::v1::run_coordinator_server::RunCoordinator as GrpcRunCoordinator;
 use futures::Stream;
 use futures::StreamExt;
-use session_store::SessionKey;
+use session_store_api::SessionKey;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 

@@ -30,7 +30,7 @@ impl System {
     async fn start(echo: EchoConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         // Never stopped: the servers live as long as the test runtime.
-        let services = run_coordinator::local::spawn(
+        let services = clawgate_system_tests::local::spawn(
             dir.path(),
             Arc::new(EchoRuntime::new(echo)),
             CoordinatorConfig::default(),

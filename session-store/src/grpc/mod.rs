@@ -1,11 +1,7 @@
-//! The gRPC face of the store: the server adapter, the remote client, and the
-//! one place where errors become status codes.
+//! The gRPC face of the store: the server adapter here; the remote client,
+//! the conversions and the error mapping live in the API crate and are
+//! re-exported under the same paths.
 
-pub mod client;
-pub mod convert;
 pub mod service;
-pub mod status;
 
-/// Largest gRPC message the client accepts and sends, and the server's
-/// default (`--grpc-max-message-bytes`); see `clawgate_common::limits`.
-pub const MAX_MESSAGE_BYTES: usize = clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES;
+pub use session_store_api::grpc::{MAX_MESSAGE_BYTES, client, convert, status};

@@ -14,9 +14,9 @@ use session_store::server::{ServeOptions, serve_store};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::CoordinatorConfig;
-use crate::coordinator::Coordinator;
-use crate::runtime::AgentRuntime;
+use run_coordinator::config::CoordinatorConfig;
+use run_coordinator::coordinator::Coordinator;
+use run_coordinator::runtime::AgentRuntime;
 
 pub struct LocalServices {
     /// `http://127.0.0.1:<port>` of the session store.
@@ -59,12 +59,12 @@ pub async fn spawn(
     let coordinator_url = format!("http://{}", listener.local_addr()?);
     let metrics_listener = TcpListener::bind("127.0.0.1:0").await?;
     let coordinator_metrics = metrics_listener.local_addr()?;
-    let options = crate::server::ServeOptions {
+    let options = run_coordinator::server::ServeOptions {
         drain_timeout: Duration::from_secs(5),
         metrics_listener: Some(metrics_listener),
         ..Default::default()
     };
-    tokio::spawn(crate::server::serve_coordinator(
+    tokio::spawn(run_coordinator::server::serve_coordinator(
         coordinator.clone(),
         options,
         listener,
