@@ -182,6 +182,7 @@ impl Inner {
                 status: RunStatus::Queued,
                 owner: self.epoch.clone(),
                 request_json,
+                owner_token: Some(self.ownership.token(&req.session_key)?),
             })
             .await?;
         if !created.created {

@@ -10,6 +10,7 @@ use clawgate_common::{limits, parse_duration};
 
 use crate::config::CoordinatorConfig;
 use crate::events::HubLimits;
+use crate::ownership::{OwnershipConfig, OwnershipMode};
 use crate::runtime::AgentRuntime;
 use crate::runtime::echo::{EchoConfig, EchoRuntime};
 use crate::runtime::grpc::{GrpcRuntime, GrpcRuntimeConfig};
@@ -149,6 +150,27 @@ pub struct CoordinatorArgs {
     /// On shutdown: how long executing runs may take to finish before they are aborted.
     #[arg(long, env = "COORDINATOR_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+    /// How this coordinator owns the store's partitions: `static` takes them
+    /// all at start (one coordinator per store); `lease` is active/standby
+    /// (docs/high-availability.md).
+    #[arg(
+        long,
+        env = "COORDINATOR_OWNERSHIP",
+        value_enum,
+        default_value = "static"
+    )]
+    pub ownership: OwnershipMode,
+    /// The gRPC address other services should use for this coordinator
+    /// (the leader hint); default `http://<listen address>`.
+    #[arg(long, env = "COORDINATOR_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+    /// Lease ownership: how long a lease lasts without renewal.
+    #[arg(long, env = "COORDINATOR_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+    /// Lease ownership: how often the leader renews and a standby tries to
+    /// take over (at most half the TTL).
+    #[arg(long, env = "COORDINATOR_LEASE_RENEW_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub lease_renew_interval: Duration,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -176,6 +198,12 @@ impl CoordinatorArgs {
             cancel_settle: self.cancel_settle,
             default_wait: self.default_wait,
             max_wait: self.max_wait,
+            ownership: OwnershipConfig {
+                mode: self.ownership,
+                advertise_address: self.advertise_address.clone().unwrap_or_default(),
+                lease_ttl: self.lease_ttl,
+                renew_interval: self.lease_renew_interval,
+            },
         }
     }
 }

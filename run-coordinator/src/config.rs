@@ -6,6 +6,7 @@ use std::time::Duration;
 use clawgate_common::limits;
 
 use crate::events::HubLimits;
+use crate::ownership::OwnershipConfig;
 
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -38,6 +39,8 @@ pub struct CoordinatorConfig {
     pub default_wait: Duration,
     /// The longest Wait.
     pub max_wait: Duration,
+    /// How this instance comes to own the partitions it serves.
+    pub ownership: OwnershipConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -58,6 +61,7 @@ impl Default for CoordinatorConfig {
             cancel_settle: Duration::from_secs(10),
             default_wait: Duration::from_secs(30),
             max_wait: Duration::from_secs(3600),
+            ownership: OwnershipConfig::default(),
         }
     }
 }

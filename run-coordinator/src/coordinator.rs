@@ -13,18 +13,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use session_store_api::model::RunRecord;
+use session_store_api::model::{AcquireLeases, OwnerToken, RunRecord};
 use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::CoordinatorConfig;
 use crate::error::{CoordinatorError, CoordinatorResult};
 use crate::events::{EventBody, EventHub, RunSubscription, StreamReset, StreamSubscription};
+use crate::fenced_store::FencedStore;
 use crate::metrics::{CoordinatorMetrics, Load};
 use crate::model::*;
+use crate::ownership::{Ownership, OwnershipConfig, OwnershipMode};
 use crate::run::{Phase, Run};
 use crate::runtime::AgentRuntime;
 use crate::trace;
@@ -52,7 +55,9 @@ pub(crate) struct State {
 }
 
 pub(crate) struct Inner {
+    /// The store behind `FencedStore`: a STALE_OWNER anywhere ends the tenure.
     pub store: Arc<dyn SessionStore>,
+    pub ownership: Arc<Ownership>,
     pub runtime: Arc<dyn AgentRuntime>,
     pub config: CoordinatorConfig,
     pub epoch: String,
@@ -61,6 +66,8 @@ pub(crate) struct Inner {
     pub(crate) state: Mutex<State>,
     /// Notified whenever a run finishes (drain waits on it).
     pub(crate) run_finished: Notify,
+    /// Ends the lease loop for a handover (`leader.rs`).
+    pub(crate) stop_keeping: CancellationToken,
 }
 
 /// The run coordinator. Cheap to clone.
@@ -84,18 +91,27 @@ pub(crate) fn spec_of(record: &RunRecord) -> RunSpec {
 }
 
 impl Coordinator {
-    /// Starts a coordinator with a fresh epoch and recovers the runs a
-    /// previous instance left unfinished (see `recovery.rs`).
+    /// Starts a coordinator with a fresh epoch. With static ownership it
+    /// takes every partition and recovers the runs an earlier owner left
+    /// unfinished (see `recovery.rs`) before it returns.
     pub async fn start(
         store: Arc<dyn SessionStore>,
         runtime: Arc<dyn AgentRuntime>,
         config: CoordinatorConfig,
     ) -> CoordinatorResult<Self> {
+        config
+            .ownership
+            .check()
+            .map_err(CoordinatorError::invalid)?;
         let epoch = uuid::Uuid::new_v4().simple().to_string();
+        let partition_count = store.list_leases().await?.partition_count;
+        let ownership = Arc::new(Ownership::new(epoch.clone(), partition_count));
+        let store: Arc<dyn SessionStore> = Arc::new(FencedStore::new(store, ownership.clone()));
         let hub = Arc::new(EventHub::new(epoch.as_str().into(), config.events.clone()));
         let coordinator = Self {
             inner: Arc::new(Inner {
                 store,
+                ownership,
                 runtime,
                 config,
                 epoch,
@@ -103,10 +119,22 @@ impl Coordinator {
                 metrics: CoordinatorMetrics::default(),
                 state: Mutex::new(State::default()),
                 run_finished: Notify::new(),
+                stop_keeping: CancellationToken::new(),
             }),
         };
-        coordinator.inner.recover().await?;
+        match coordinator.inner.config.ownership.mode {
+            OwnershipMode::Static => coordinator.inner.take_all().await?,
+            OwnershipMode::Lease => {
+                tokio::spawn(coordinator.inner.clone().keep_leases());
+            }
+        }
         Ok(coordinator)
+    }
+
+    /// This instance's ownership of partitions (its tenure ends on the first
+    /// STALE_OWNER; `ownership().lost()` fires then).
+    pub fn ownership(&self) -> &Arc<Ownership> {
+        &self.inner.ownership
     }
 
     pub fn epoch(&self) -> &str {
@@ -196,6 +224,42 @@ impl Coordinator {
 }
 
 impl Inner {
+    /// Static ownership: takes every partition from whoever holds it (its
+    /// next write meets STALE_OWNER), then settles what the earlier owners
+    /// left.
+    async fn take_all(self: &Arc<Self>) -> CoordinatorResult<()> {
+        let grant = self
+            .store
+            .acquire_leases(AcquireLeases {
+                member: self.ownership.member().to_owned(),
+                address: self.config.ownership.advertise_address.clone(),
+                partitions: Vec::new(),
+                ttl_ms: OwnershipConfig::STATIC_TTL.as_millis() as u64,
+                steal: true,
+            })
+            .await?;
+        self.ownership.hold(&grant.granted);
+        let taken_over: Vec<_> = grant
+            .granted
+            .iter()
+            .filter(|l| l.epoch > 1)
+            .map(|l| l.epoch)
+            .collect();
+        tracing::info!(
+            member = %self.ownership.member(),
+            partitions = grant.granted.len(),
+            taken_over = taken_over.len(),
+            "took every partition (static ownership)"
+        );
+        self.recover().await
+    }
+
+    /// The owner token of a write to `key`; `None` once the tenure is over
+    /// (the store then refuses the write, as it would a stale token).
+    pub(crate) fn owner_token(&self, key: &SessionKey) -> Option<OwnerToken> {
+        self.ownership.token(key).ok()
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap()
     }
@@ -205,6 +269,7 @@ impl Inner {
         Load {
             queued: state.waiting.len(),
             executing: state.executing,
+            partitions_held: self.ownership.tokens().len(),
         }
     }
 

@@ -19,6 +19,13 @@ pub enum CoordinatorError {
     SessionBusy { blocking: Box<RunSnapshot> },
     #[error("the coordinator is shutting down and admits no new runs")]
     Draining,
+    /// This instance does not own the session's partition: a standby, or an
+    /// instance whose tenure ended. `leader` is where the owner serves.
+    #[error("{message}")]
+    NotOwner {
+        message: String,
+        leader: Option<String>,
+    },
     #[error("session store unavailable: {0}")]
     StoreUnavailable(String),
     #[error("{0}")]
@@ -36,6 +43,7 @@ impl CoordinatorError {
             Self::KeyReused { .. } => "KEY_REUSED",
             Self::SessionBusy { .. } => "SESSION_BUSY",
             Self::Draining => "DRAINING",
+            Self::NotOwner { .. } => "NOT_OWNER",
             Self::StoreUnavailable(_) => "STORE_UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
         }
@@ -47,6 +55,12 @@ impl From<StoreError> for CoordinatorError {
         match err {
             StoreError::InvalidArgument(message) => Self::InvalidArgument(message),
             StoreError::Unavailable(message) => Self::StoreUnavailable(message),
+            StoreError::StaleOwner { message, current } => Self::NotOwner {
+                message: format!("this coordinator no longer owns the partition: {message}"),
+                leader: current
+                    .map(|lease| lease.address)
+                    .filter(|address| !address.is_empty()),
+            },
             other => Self::Internal(format!("session store: {other}")),
         }
     }

@@ -106,7 +106,12 @@ impl Inner {
                 // stale release changes nothing.
                 let _ = self
                     .store
-                    .release_writer(&run.key, &run.id, held.fence)
+                    .release_writer(
+                        &run.key,
+                        &run.id,
+                        held.fence,
+                        self.owner_token(&run.key).as_ref(),
+                    )
                     .await;
             }
             self.finish(&run).await;
@@ -187,6 +192,7 @@ impl Inner {
                 outcome_json: None,
                 session_id: None,
                 fence_token: None,
+                owner_token: self.owner_token(&run.key),
             })
             .await?;
         let mut state = run.state();
@@ -207,6 +213,7 @@ impl Inner {
             run_id: run.id.clone(),
             mode,
             label: run.spec.label.clone(),
+            owner_token: self.owner_token(&run.key),
         };
         let mode = if run.spec.queue_mode == QueueMode::Interrupt {
             AcquireMode::Takeover
@@ -262,6 +269,7 @@ impl Inner {
                 run_id: run.id.clone(),
                 fence_token: held.fence,
                 entries: vec![entry],
+                owner_token: self.owner_token(&run.key),
             })
             .await
             .map(|done| done.first_seq)
@@ -537,7 +545,7 @@ impl Inner {
     }
 }
 
-async fn sleep_until_some(at: Option<Instant>) {
+pub(crate) async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

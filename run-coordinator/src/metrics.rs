@@ -26,6 +26,8 @@ pub(crate) struct Load {
     /// Admitted runs waiting for their session lane or the global cap.
     pub queued: usize,
     pub executing: usize,
+    /// Partitions this instance owns now.
+    pub partitions_held: usize,
 }
 
 #[derive(Debug)]
@@ -33,6 +35,7 @@ pub(crate) struct CoordinatorMetrics {
     admissions: Family<AdmissionLabels, Counter>,
     runs_finished: Family<StatusLabels, Counter>,
     ack_latency: Histogram,
+    takeover: Histogram,
 }
 
 /// `(outcome, reason)` of a Submit that was answered with a run.
@@ -51,6 +54,7 @@ impl Default for CoordinatorMetrics {
             admissions: Family::default(),
             runs_finished: Family::default(),
             ack_latency: latency_histogram(),
+            takeover: latency_histogram(),
         };
         // The usual series exist from the start, at zero, so that rates
         // over them are defined before the first event.
@@ -96,6 +100,11 @@ impl CoordinatorMetrics {
             "Time from a Submit's arrival to its accepted answer (new runs only)",
             self.ack_latency.clone(),
         );
+        registry.register(
+            "takeover_duration_seconds",
+            "Time from being granted partitions to serving them (recovery of the earlier owner's runs included)",
+            self.takeover.clone(),
+        );
         registry.register_collector(Box::new(LoadCollector(load)));
     }
 
@@ -111,6 +120,10 @@ impl CoordinatorMetrics {
             Err(err) => [("outcome", "rejected"), ("reason", err.code())],
         };
         self.admissions.get_or_create(&labels).inc();
+    }
+
+    pub fn took_leases(&self, took: std::time::Duration) {
+        self.takeover.observe(took.as_secs_f64());
     }
 
     pub fn run_finished(&self, status: RunStatus) {
@@ -144,6 +157,11 @@ where
                 load.queued,
             ),
             ("runs_executing", "Runs executing now.", load.executing),
+            (
+                "partitions_held",
+                "Partitions this coordinator owns now.",
+                load.partitions_held,
+            ),
         ];
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(value as i64);

@@ -8,7 +8,10 @@
 //!   runs exactly once (its record moves to this instance's epoch by CAS, so
 //!   two instances cannot both pick it up).
 //!
-//! This assumes one coordinator serves these sessions at a time.
+//! Only runs of the partitions this instance has just taken are settled; the
+//! take bumped their epochs, so the instance that ran them before can no
+//! longer write (its writes meet `STALE_OWNER`), and every write it made
+//! before the take is visible here.
 
 use std::sync::Arc;
 
@@ -25,7 +28,8 @@ impl Inner {
         let records = self.store.list_active_runs(None).await?;
         let (mut lost, mut requeued) = (0, 0);
         for record in records {
-            if record.owner == self.epoch {
+            let key = SessionKey::from_stored(record.session_key.clone());
+            if record.owner == self.epoch || !self.ownership.holds(self.ownership.partition(&key)) {
                 continue;
             }
             match record.status {
@@ -47,6 +51,7 @@ impl Inner {
     }
 
     async fn mark_lost(&self, record: &RunRecord) -> CoordinatorResult<()> {
+        let key = SessionKey::from_stored(record.session_key.clone());
         let outcome = Outcome {
             error: Some(RunErrorInfo {
                 kind: "lost".into(),
@@ -65,6 +70,7 @@ impl Inner {
             outcome_json: serde_json::to_string(&outcome).ok(),
             session_id: None,
             fence_token: None,
+            owner_token: self.owner_token(&key),
         };
         match self.store.update_run(update).await {
             Ok(_) => self.metrics.run_finished(RunStatus::Lost),
@@ -75,7 +81,6 @@ impl Inner {
         }
         // Take the fence from the lost run (only if it still holds it), then
         // free the slot: its old executor's writes are now rejected.
-        let key = SessionKey::from_stored(record.session_key.clone());
         let marker = format!("recovery-{}", self.epoch);
         let taken = self
             .store
@@ -86,11 +91,17 @@ impl Inner {
                 run_id: marker.clone(),
                 mode: AcquireMode::Cas,
                 label: None,
+                owner_token: self.owner_token(&key),
             })
             .await;
         if let Ok(taken) = taken {
             self.store
-                .release_writer(&key, &marker, taken.fence_token)
+                .release_writer(
+                    &key,
+                    &marker,
+                    taken.fence_token,
+                    self.owner_token(&key).as_ref(),
+                )
                 .await?;
         }
         Ok(())
@@ -107,6 +118,7 @@ impl Inner {
             outcome_json: None,
             session_id: None,
             fence_token: None,
+            owner_token: self.owner_token(&SessionKey::from_stored(record.session_key.clone())),
         };
         let claimed = match self.store.update_run(update).await {
             Ok(claimed) => claimed,

@@ -32,7 +32,11 @@ pub async fn serve(
         .context("connecting to the session store")?;
     let metrics_listener = TcpListener::bind(args.metrics_listen).await?;
     let runtime = args.coordinator.runtime.build().await?;
-    let coordinator = Coordinator::start(Arc::new(store), runtime, args.coordinator.config())
+    let mut config = args.coordinator.config();
+    if config.ownership.advertise_address.is_empty() {
+        config.ownership.advertise_address = format!("http://{}", listener.local_addr()?);
+    }
+    let coordinator = Coordinator::start(Arc::new(store), runtime, config)
         .await
         .context("starting the coordinator")?;
     let options = ServeOptions {
@@ -87,9 +91,13 @@ pub fn check_transport(args: &ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Serves a started coordinator, and its `/metrics` on the options'
-/// metrics listener when given. On `shutdown`: health turns NOT_SERVING,
+/// metrics listener when given. Health is SERVING while it owns partitions
+/// (a standby is NOT_SERVING). On `shutdown`: health turns NOT_SERVING,
 /// admission stops, executing runs get the drain timeout to finish (then are
-/// aborted), open subscriptions and waits end, and the server stops.
+/// aborted), the leases are released, open subscriptions and waits end, and
+/// the server stops. When the tenure ends (another coordinator took the
+/// partitions) it stops the same way, at once, and returns an error saying
+/// why: the process exits non-zero.
 pub async fn serve_coordinator(
     coordinator: Coordinator,
     options: ServeOptions,
@@ -110,9 +118,8 @@ pub async fn serve_coordinator(
     .max_decoding_message_size(options.grpc_max_message_bytes)
     .max_encoding_message_size(options.grpc_max_message_bytes);
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RunCoordinatorServer<RunCoordinatorService>>()
-        .await;
+    let ownership = coordinator.ownership().clone();
+    let follow_health = tokio::spawn(follow_ownership(health.clone(), ownership.serving()));
     let (reflection, reflection_v1alpha) = clawgate_common::reflection_services(&[
         <RunCoordinatorServer<RunCoordinatorService> as NamedService>::NAME,
     ])
@@ -125,18 +132,56 @@ pub async fn serve_coordinator(
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), {
+            let ownership = ownership.clone();
             async move {
-                shutdown.await;
-                tracing::info!("run coordinator draining");
+                let lost = ownership.lost();
+                let planned = tokio::select! {
+                    () = shutdown => true,
+                    () = lost.cancelled() => false,
+                };
+                follow_health.abort();
                 health
                     .set_not_serving::<RunCoordinatorServer<RunCoordinatorService>>()
                     .await;
-                coordinator.drain(drain_timeout).await;
+                if planned {
+                    tracing::info!("run coordinator draining");
+                    coordinator.hand_over(drain_timeout).await;
+                } else {
+                    // Nothing this instance still writes can land:
+                    // abort at once; the new owner settles the runs.
+                    coordinator.drain(Duration::ZERO).await;
+                }
                 stopping.cancel();
-            },
-        )
+            }
+        })
         .await
-        .context("gRPC server")
+        .context("gRPC server")?;
+    match ownership.lost_reason() {
+        Some(reason) => anyhow::bail!("STALE_OWNER: this coordinator stopped: {reason}"),
+        None => Ok(()),
+    }
+}
+
+/// Keeps gRPC health in step with ownership: SERVING while any partition is
+/// held.
+async fn follow_ownership(
+    health: tonic_health::server::HealthReporter,
+    mut serving: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let now = *serving.borrow_and_update();
+        if now {
+            health
+                .set_serving::<RunCoordinatorServer<RunCoordinatorService>>()
+                .await;
+        } else {
+            health
+                .set_not_serving::<RunCoordinatorServer<RunCoordinatorService>>()
+                .await;
+        }
+        if serving.changed().await.is_err() {
+            return;
+        }
+    }
 }

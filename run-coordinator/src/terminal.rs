@@ -100,6 +100,7 @@ impl Inner {
                     outcome_json: serde_json::to_string(&state.outcome).ok(),
                     session_id: state.session_id.as_deref().and_then(|s| s.parse().ok()),
                     fence_token: state.fence_token,
+                    owner_token: self.owner_token(&run.key),
                 }
             };
             match self.store.update_run(update).await {
@@ -119,6 +120,9 @@ impl Inner {
                     state.record_version = adopted.record_version;
                     return;
                 }
+                // The tenure is over: the partition's new owner settles the
+                // run (recovery marks it lost), so there is nothing to retry.
+                Err(StoreError::StaleOwner { .. }) => return,
                 Err(err) => {
                     tracing::warn!(run.id = %run.id, attempt, error = %err, "persisting the terminal state failed");
                     tokio::time::sleep(backoff).await;

@@ -47,6 +47,7 @@ async fn worker(store: RemoteStore, id: usize, op: Op, until: Instant) -> Vec<u6
     let run_id = format!("bench-run-{id}");
     let mut held = store
         .acquire_writer(AcquireWriter {
+            owner_token: None,
             key: key.clone(),
             expected_session: ExpectedSession::Current,
             expected_writer: None,
@@ -63,6 +64,7 @@ async fn worker(store: RemoteStore, id: usize, op: Op, until: Instant) -> Vec<u6
             Op::Append => {
                 store
                     .append(AppendEntries {
+                        owner_token: None,
                         key: key.clone(),
                         session_id: held.session.session_id,
                         run_id: run_id.clone(),
@@ -80,6 +82,7 @@ async fn worker(store: RemoteStore, id: usize, op: Op, until: Instant) -> Vec<u6
             Op::AcquireWriter => {
                 held = store
                     .acquire_writer(AcquireWriter {
+                        owner_token: None,
                         key: key.clone(),
                         expected_session: ExpectedSession::Id(held.session.session_id),
                         expected_writer: Some(run_id.clone()),

@@ -53,6 +53,13 @@ pub struct StoreConfig {
     #[arg(long, env = "SESSION_STORE_GROUP_COMMIT_MAX", default_value_t = 256)]
     pub group_commit_max: usize,
 
+    /// Partitions the sessions are spread over for coordinator ownership.
+    /// Written in the store at its first start; a later start with another
+    /// count refuses to open the store.
+    #[arg(long, env = "SESSION_STORE_PARTITIONS", default_value_t = clawgate_common::partition::DEFAULT_PARTITIONS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(clawgate_common::partition::MAX_PARTITIONS)))]
+    pub partitions: u32,
+
     /// Largest gRPC message the server accepts or sends, bytes: a transport
     /// ceiling above every input limit (docs/limits.md).
     #[arg(long, env = "SESSION_STORE_GRPC_MAX_MESSAGE_BYTES", default_value_t = clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES)]

@@ -214,9 +214,12 @@ impl<S: SessionStore> SessionStore for Checked<S> {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released> {
         validate_run_id(run_id)?;
-        self.inner.release_writer(key, run_id, fence_token).await
+        self.inner
+            .release_writer(key, run_id, fence_token, owner_token)
+            .await
     }
 
     async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
@@ -290,5 +293,23 @@ impl<S: SessionStore> SessionStore for Checked<S> {
 
     async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
         self.inner.purge_expired_runs(ended_before_ms).await
+    }
+
+    // Lease requests are checked by every backend (`rules::ownership`):
+    // their bounds depend on the partition count the backend holds.
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
+        self.inner.acquire_leases(req).await
+    }
+
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+        self.inner.renew_leases(req).await
+    }
+
+    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
+        self.inner.release_leases(tokens).await
+    }
+
+    async fn list_leases(&self) -> StoreResult<LeaseTable> {
+        self.inner.list_leases().await
     }
 }

@@ -8,11 +8,13 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use clawgate_telemetry::metrics::{LatencyFamily, latency_family};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tracing::Instrument;
 
-use crate::error::StoreResult;
+use crate::error::{StoreError, StoreResult};
 use crate::key::SessionKey;
 use crate::model::*;
 use crate::store::SessionStore;
@@ -33,10 +35,14 @@ enum Operation {
     GetRun,
     ListActiveRuns,
     PurgeExpiredRuns,
+    AcquireLeases,
+    RenewLeases,
+    ReleaseLeases,
+    ListLeases,
 }
 
 impl Operation {
-    const ALL: [Self; 13] = [
+    const ALL: [Self; 17] = [
         Self::AcquireWriter,
         Self::ReleaseWriter,
         Self::Append,
@@ -50,6 +56,10 @@ impl Operation {
         Self::GetRun,
         Self::ListActiveRuns,
         Self::PurgeExpiredRuns,
+        Self::AcquireLeases,
+        Self::RenewLeases,
+        Self::ReleaseLeases,
+        Self::ListLeases,
     ];
 
     /// `store.<operation>`: the span name.
@@ -72,6 +82,10 @@ impl Operation {
             Self::GetRun => "get_run",
             Self::ListActiveRuns => "list_active_runs",
             Self::PurgeExpiredRuns => "purge_expired_runs",
+            Self::AcquireLeases => "acquire_leases",
+            Self::RenewLeases => "renew_leases",
+            Self::ReleaseLeases => "release_leases",
+            Self::ListLeases => "list_leases",
         }
     }
 }
@@ -85,7 +99,13 @@ pub struct StoreMetrics {
     /// `[operation][ok, error]`, resolved once so that timing an operation
     /// is one histogram update (indexed like `Operation::ALL`).
     resolved: Arc<[[Histogram; 2]; Operation::ALL.len()]>,
+    /// Writes refused because their owner token was stale, and renewals that
+    /// found the lease gone: each is a coordinator that lost a partition and
+    /// still tried to act on it.
+    stale_owner: Family<OperationLabel, Counter>,
 }
+
+type OperationLabel = [(&'static str, &'static str); 1];
 
 impl Default for StoreMetrics {
     fn default() -> Self {
@@ -100,6 +120,7 @@ impl Default for StoreMetrics {
         Self {
             operations,
             resolved: Arc::new(resolved),
+            stale_owner: Family::default(),
         }
     }
 }
@@ -107,13 +128,25 @@ impl Default for StoreMetrics {
 impl StoreMetrics {
     /// Registers the metrics under `clawgate_store`.
     pub fn register(&self, registry: &mut Registry) {
-        registry
-            .sub_registry_with_prefix("clawgate_store")
-            .register(
-                "operation_duration_seconds",
-                "Time a session-store operation took, by operation and outcome (ok, error)",
-                self.operations.clone(),
-            );
+        let registry = registry.sub_registry_with_prefix("clawgate_store");
+        registry.register(
+            "operation_duration_seconds",
+            "Time a session-store operation took, by operation and outcome (ok, error)",
+            self.operations.clone(),
+        );
+        registry.register(
+            "stale_owner_refusals",
+            "Writes refused with STALE_OWNER and lease renewals refused, by operation",
+            self.stale_owner.clone(),
+        );
+    }
+
+    fn count_stale_owner(&self, operation: Operation, count: u64) {
+        if count > 0 {
+            self.stale_owner
+                .get_or_create(&[("operation", operation.as_str())])
+                .inc_by(count);
+        }
     }
 
     fn observe(&self, operation: Operation, ok: bool, started: Instant) {
@@ -169,6 +202,9 @@ impl<S: SessionStore> Metered<S> {
         let started = Instant::now();
         let result = call.instrument(span.clone()).await;
         self.metrics.observe(operation, result.is_ok(), started);
+        if let Err(StoreError::StaleOwner { .. }) = &result {
+            self.metrics.count_stale_owner(operation, 1);
+        }
         if let Err(error) = &result {
             span.record("otel.status_code", "error");
             span.record("error.type", error.code());
@@ -188,8 +224,11 @@ impl<S: SessionStore> SessionStore for Metered<S> {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released> {
-        let call = self.inner.release_writer(key, run_id, fence_token);
+        let call = self
+            .inner
+            .release_writer(key, run_id, fence_token, owner_token);
         self.timed(Operation::ReleaseWriter, call).await
     }
     async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
@@ -239,6 +278,26 @@ impl<S: SessionStore> SessionStore for Metered<S> {
         let call = self.inner.purge_expired_runs(ended_before_ms);
         self.timed(Operation::PurgeExpiredRuns, call).await
     }
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
+        let call = self.inner.acquire_leases(req);
+        self.timed(Operation::AcquireLeases, call).await
+    }
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+        let call = self.inner.renew_leases(req);
+        let grant = self.timed(Operation::RenewLeases, call).await?;
+        let refused = grant.refused.len() as u64;
+        self.metrics
+            .count_stale_owner(Operation::RenewLeases, refused);
+        Ok(grant)
+    }
+    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
+        let call = self.inner.release_leases(tokens);
+        self.timed(Operation::ReleaseLeases, call).await
+    }
+    async fn list_leases(&self) -> StoreResult<LeaseTable> {
+        self.timed(Operation::ListLeases, self.inner.list_leases())
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -265,7 +324,7 @@ mod tests {
 
         let key = SessionKey::parse("main").unwrap();
         store.get_session(&key).await.unwrap();
-        store.release_writer(&key, "nobody", 7).await.ok();
+        store.release_writer(&key, "nobody", 7, None).await.ok();
         store.get_run("r1").await.unwrap();
 
         let text = encode(&registry).unwrap();

@@ -68,6 +68,7 @@ pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn Sessio
         BackendLocation::Embedded(path) => {
             let options = EmbeddedOptions {
                 max_batch: config.group_commit_max,
+                partitions: config.partitions,
                 ..EmbeddedOptions::default()
             };
             let store = EmbeddedStore::open(&path, options)
@@ -80,6 +81,7 @@ pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn Sessio
             let options = PgOptions {
                 schema: config.pg_schema.clone(),
                 pool_size: config.pg_pool_size,
+                partitions: config.partitions,
             };
             let store = PostgresStore::connect(&url, options)
                 .await

@@ -154,6 +154,7 @@ async fn bad_input_is_invalid_argument_and_writes_nothing() {
         .into_inner();
     let session_id = held.session.unwrap().session_id;
     let append = |session_id: &str, entries: Vec<pb::NewEntry>| pb::AppendRequest {
+        owner_token: None,
         session_key: "main".into(),
         session_id: session_id.into(),
         run_id: "run".into(),
@@ -343,6 +344,7 @@ async fn fence_errors_carry_code_and_current_values() {
     );
     let status = client
         .append(pb::AppendRequest {
+            owner_token: None,
             session_key: "main".into(),
             session_id: first.session.unwrap().session_id,
             run_id: "b".into(),
@@ -385,6 +387,7 @@ async fn refusals_quoting_large_input_or_records_stay_within_the_trailer_budget(
     // A bogus sessionId of 64 KiB is quoted by its start only.
     let refused = client
         .append(pb::AppendRequest {
+            owner_token: None,
             session_key: "main".into(),
             session_id: "😀".repeat(16 * 1024),
             run_id: "r".into(),
@@ -406,6 +409,7 @@ async fn refusals_quoting_large_input_or_records_stay_within_the_trailer_budget(
     let big = "x".repeat(64 * 1024);
     let created = remote
         .create_run(NewRun {
+            owner_token: None,
             run_id: "big".into(),
             session_key: session_store::SessionKey::parse("main").unwrap(),
             kind: "agent".into(),
@@ -417,6 +421,7 @@ async fn refusals_quoting_large_input_or_records_stay_within_the_trailer_budget(
         .await
         .unwrap();
     let update = |version, outcome_json: Option<String>| RunUpdate {
+        owner_token: None,
         run_id: "big".into(),
         expected_version: version,
         status: RunStatus::Ok,

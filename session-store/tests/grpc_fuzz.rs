@@ -59,6 +59,7 @@ fn seeds(seeded: &Seeded) -> Seeds {
         .with(
             &path("AcquireWriter"),
             &pb::AcquireWriterRequest {
+                owner_token: None,
                 session_key: KEY.into(),
                 expected_session_id: seeded.session_id.clone(),
                 expected_writer_run_id: Some(WRITER.into()),
@@ -70,6 +71,7 @@ fn seeds(seeded: &Seeded) -> Seeds {
         .with(
             &path("ReleaseWriter"),
             &pb::ReleaseWriterRequest {
+                owner_token: None,
                 session_key: KEY.into(),
                 run_id: WRITER.into(),
                 fence_token: seeded.fence,
@@ -78,6 +80,7 @@ fn seeds(seeded: &Seeded) -> Seeds {
         .with(
             &path("Append"),
             &pb::AppendRequest {
+                owner_token: None,
                 session_key: KEY.into(),
                 session_id: seeded.session_id.clone(),
                 run_id: WRITER.into(),
@@ -127,6 +130,7 @@ fn seeds(seeded: &Seeded) -> Seeds {
         .with(
             &path("CreateRun"),
             &pb::CreateRunRequest {
+                owner_token: None,
                 run_id: "fuzz-new-run".into(),
                 session_key: KEY.into(),
                 kind: "agent".into(),
@@ -182,6 +186,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
     let key = SessionKey::parse(KEY).unwrap();
     let held = store
         .acquire_writer(AcquireWriter {
+            owner_token: None,
             key: key.clone(),
             expected_session: ExpectedSession::Current,
             expected_writer: None,
@@ -199,6 +204,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
     };
     store
         .append(AppendEntries {
+            owner_token: None,
             key,
             session_id: held.session.session_id,
             run_id: WRITER.into(),
@@ -210,6 +216,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
     for (run_id, status) in [(RUN, RunStatus::Accepted), (WRITER, RunStatus::Queued)] {
         store
             .create_run(NewRun {
+                owner_token: None,
                 run_id: run_id.into(),
                 session_key: SessionKey::parse(KEY).unwrap(),
                 kind: "agent".into(),
@@ -225,6 +232,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
     // a refusal of an update to it carries the record back.
     let big = store
         .create_run(NewRun {
+            owner_token: None,
             run_id: BIG_RUN.into(),
             session_key: SessionKey::parse(KEY).unwrap(),
             kind: "agent".into(),
@@ -237,6 +245,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
         .unwrap();
     store
         .update_run(RunUpdate {
+            owner_token: None,
             run_id: BIG_RUN.into(),
             expected_version: big.record.version,
             status: RunStatus::Ok,

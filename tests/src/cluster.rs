@@ -42,7 +42,7 @@ impl Role {
     }
 
     /// The message of the log line that carries the bound address.
-    fn ready_message(self) -> &'static str {
+    pub fn ready_message(self) -> &'static str {
         match self {
             Role::Store => "session store serving gRPC",
             Role::Coordinator => "run coordinator serving gRPC",
@@ -176,6 +176,23 @@ impl ClusterBuilder {
         }
         Process::start(command, role.binary(), role.ready_message()).await
     }
+}
+
+/// One more coordinator process against the store at `store_url`, listening
+/// on port 0 (metrics too), with `args` after those.
+pub async fn start_coordinator(store_url: &str, args: &[&str]) -> Process {
+    let mut command = service_command(binary_path(Role::Coordinator.binary()));
+    command
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--store-address", store_url])
+        .args(args)
+        .env("OTEL_SERVICE_NAME", Role::Coordinator.service_name());
+    Process::start(
+        command,
+        Role::Coordinator.binary(),
+        Role::Coordinator.ready_message(),
+    )
+    .await
 }
 
 /// Store, coordinator and edge as child processes, wired to each other.

@@ -237,6 +237,29 @@ impl Process {
             .expect("the killed process is reaped");
     }
 
+    /// Sends a real signal (`STOP`, `CONT`, `TERM`, …) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("the process is running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid])
+            .status()
+            .expect("kill(1) runs");
+        assert!(sent.success(), "kill -{signal} {} failed", self.name);
+    }
+
+    /// Waits for the process to exit by itself; panics with its output after
+    /// `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(status) => status.expect("the process is reaped"),
+            Err(_) => panic!(
+                "{} did not exit within {timeout:?}:\n{}",
+                self.name,
+                self.output().join("\n")
+            ),
+        }
+    }
+
     /// `http://address`, how the other services are given it.
     pub fn url(&self) -> String {
         format!("http://{}", self.address)

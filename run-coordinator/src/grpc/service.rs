@@ -64,9 +64,23 @@ fn just_reset(reset: StreamReset) -> EventStream {
     Box::pin(futures::stream::iter([Ok(reset_item(reset))]))
 }
 
+impl RunCoordinatorService {
+    /// A coordinator that owns no partition (a standby, or one whose tenure
+    /// ended) answers every call with UNAVAILABLE, NOT_OWNER and the leader's
+    /// address when known: its memory holds no live run a caller could mean.
+    fn owner(&self) -> Result<(), Status> {
+        let ownership = self.coordinator.ownership();
+        match ownership.holds_any() {
+            true => Ok(()),
+            false => Err(to_status(ownership.not_serving())),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl GrpcRunCoordinator for RunCoordinatorService {
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> GrpcResult<pb::SubmitResponse> {
+        self.owner()?;
         let submit = submit_from_pb(request.into_inner()).map_err(to_status)?;
         let done = self.coordinator.submit(submit).await.map_err(to_status)?;
         let admission = match done.admission {
@@ -82,6 +96,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> GrpcResult<pb::GetResponse> {
+        self.owner()?;
         let snapshot = self
             .coordinator
             .get(&request.into_inner().run_id)
@@ -93,6 +108,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
     }
 
     async fn wait(&self, request: Request<pb::WaitRequest>) -> GrpcResult<pb::WaitResponse> {
+        self.owner()?;
         let req = request.into_inner();
         let config = &self.coordinator.inner.config;
         let timeout = match req.timeout_ms {
@@ -112,6 +128,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> GrpcResult<pb::CancelResponse> {
+        self.owner()?;
         let target = match request.into_inner().target {
             Some(pb::cancel_request::Target::RunId(id)) => CancelTarget::Run(id),
             Some(pb::cancel_request::Target::SessionKey(key)) => {
@@ -135,6 +152,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
         &self,
         request: Request<pb::SubscribeRequest>,
     ) -> GrpcResult<Self::SubscribeStream> {
+        self.owner()?;
         let req = request.into_inner();
         let epoch = Some(req.epoch.as_str()).filter(|e| !e.is_empty());
         let subscribed = futures::stream::once(std::future::ready(Ok(subscribed_item(
@@ -186,6 +204,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
         &self,
         request: Request<pb::ListActiveRequest>,
     ) -> GrpcResult<pb::ListActiveResponse> {
+        self.owner()?;
         let session = match request.into_inner().session_key {
             Some(key) => Some(SessionKey::parse(&key).map_err(|e| to_status(e.into()))?),
             None => None,

@@ -21,12 +21,17 @@ pub fn to_status(err: CoordinatorError) -> Status {
             (Code::FailedPrecondition, pb::ErrorCode::SessionBusy)
         }
         CoordinatorError::Draining => (Code::Unavailable, pb::ErrorCode::Draining),
+        CoordinatorError::NotOwner { .. } => (Code::Unavailable, pb::ErrorCode::NotOwner),
         CoordinatorError::StoreUnavailable(_) => {
             (Code::Unavailable, pb::ErrorCode::StoreUnavailable)
         }
         CoordinatorError::Internal(_) => (Code::Internal, pb::ErrorCode::Internal),
     };
     let message = err.to_string();
+    let leader_address = match &err {
+        CoordinatorError::NotOwner { leader, .. } => leader.clone(),
+        _ => None,
+    };
     let run = match err {
         CoordinatorError::KeyReused { existing } => Some(snapshot_to_pb(*existing)),
         CoordinatorError::SessionBusy { blocking } => Some(snapshot_to_pb(*blocking)),
@@ -36,6 +41,7 @@ pub fn to_status(err: CoordinatorError) -> Status {
         code: detail_code as i32,
         run,
         trimmed: false,
+        leader_address,
     };
     trim(&mut detail);
     clawgate_proto::status_detail::with_detail(code, message, DETAIL_TYPE_URL, &detail)

@@ -353,16 +353,22 @@ pub async fn cancel_run(
 }
 
 /// Appends an empty assistant entry with the session and fence `snapshot`
-/// held: what a zombie or superseded executor would try.
+/// held, under the partition's current owner token: what a zombie or
+/// superseded executor of the owning coordinator would try.
 pub async fn append_with_fence_of(
     store: &RemoteStore,
     snapshot: &pb::RunSnapshot,
 ) -> session_store::StoreResult<session_store::model::Appended> {
     use session_store::SessionStore;
     use session_store::model::{AppendEntries, EntryMetadata, NewEntry};
+    let key = session_store::SessionKey::parse(&snapshot.session_key).unwrap();
+    let table = store.list_leases().await.unwrap();
+    let partition = clawgate_common::partition::partition_of(key.as_str(), table.partition_count);
+    let owner_token = table.leases[partition as usize].token();
     store
         .append(AppendEntries {
-            key: session_store::SessionKey::parse(&snapshot.session_key).unwrap(),
+            owner_token,
+            key,
             session_id: snapshot.session_id.as_deref().unwrap().parse().unwrap(),
             run_id: snapshot.run_id.clone(),
             fence_token: snapshot.fence_token.unwrap(),

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 pub mod limits;
+pub mod partition;
 
 /// Resolves on SIGTERM (Kubernetes) or ctrl-c.
 pub async fn shutdown_signal() {

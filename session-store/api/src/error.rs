@@ -1,7 +1,7 @@
 //! The one error type of the session store. The gRPC adapter maps it to status
 //! codes in `grpc::status`; the remote client maps it back, losslessly.
 
-use crate::model::{RunRecord, Session};
+use crate::model::{Lease, RunRecord, Session};
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -26,6 +26,13 @@ pub enum StoreError {
     WriterConflict {
         message: String,
         current: Option<Box<Session>>,
+    },
+    /// The owner token of a write is not the partition's current one: another
+    /// member took the partition (or this one released it).
+    #[error("{message}")]
+    StaleOwner {
+        message: String,
+        current: Option<Box<Lease>>,
     },
     #[error("run {0:?} not found")]
     RunNotFound(String),
@@ -59,11 +66,20 @@ impl StoreError {
             Self::StaleWriter { .. } => "STALE_WRITER",
             Self::SessionReplaced { .. } => "SESSION_REPLACED",
             Self::WriterConflict { .. } => "WRITER_CONFLICT",
+            Self::StaleOwner { .. } => "STALE_OWNER",
             Self::RunNotFound(_) => "RUN_NOT_FOUND",
             Self::RunVersionConflict { .. } => "RUN_VERSION_CONFLICT",
             Self::RunTerminal { .. } => "RUN_TERMINAL",
             Self::Unavailable(_) => "UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
+        }
+    }
+
+    /// The partition's lease as the store saw it when it refused a stale owner.
+    pub fn current_lease(&self) -> Option<&Lease> {
+        match self {
+            Self::StaleOwner { current, .. } => current.as_deref(),
+            _ => None,
         }
     }
 

@@ -83,6 +83,9 @@ pub struct AcquireWriter {
     pub mode: AcquireMode,
     /// Stored when this call creates the session.
     pub label: Option<String>,
+    /// The coordinator's ownership of the session's partition; `None` only
+    /// for a partition nobody has ever owned.
+    pub owner_token: Option<OwnerToken>,
 }
 
 #[derive(Debug, Clone)]
@@ -137,6 +140,9 @@ pub struct AppendEntries {
     pub run_id: String,
     pub fence_token: u64,
     pub entries: Vec<NewEntry>,
+    /// The coordinator's ownership of the session's partition; `None` only
+    /// for a partition nobody has ever owned.
+    pub owner_token: Option<OwnerToken>,
 }
 
 #[derive(Debug, Clone)]
@@ -279,6 +285,9 @@ pub struct NewRun {
     pub status: RunStatus,
     pub owner: String,
     pub request_json: String,
+    /// The coordinator's ownership of the session's partition; `None` only
+    /// for a partition nobody has ever owned.
+    pub owner_token: Option<OwnerToken>,
 }
 
 #[derive(Debug, Clone)]
@@ -297,4 +306,96 @@ pub struct RunUpdate {
     pub outcome_json: Option<String>,
     pub session_id: Option<SessionId>,
     pub fence_token: Option<u64>,
+    /// The coordinator's ownership of the session's partition; `None` only
+    /// for a partition nobody has ever owned.
+    pub owner_token: Option<OwnerToken>,
+}
+
+/// What a coordinator sends with every write: the partition of the session it
+/// writes, its member id and the epoch under which it holds that partition.
+/// The store refuses the write (`STALE_OWNER`) unless that epoch is the
+/// partition's current one and the member holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OwnerToken {
+    pub partition: u32,
+    pub member: String,
+    pub epoch: u64,
+}
+
+/// One partition's lease as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub partition: u32,
+    /// The member holding it; `None` when released or never taken.
+    pub owner: Option<String>,
+    /// Where the owner serves (its advertised gRPC address), for hints.
+    pub address: String,
+    /// Bumped by every take; 0 = never owned. Never reused.
+    pub epoch: u64,
+    /// When the lease ends by the store's clock (Unix ms); another member may
+    /// take the partition after that. Expiry elects, it does not fence.
+    pub expires_at_ms: i64,
+}
+
+impl Lease {
+    pub fn unowned(partition: u32) -> Self {
+        Self {
+            partition,
+            owner: None,
+            address: String::new(),
+            epoch: 0,
+            expires_at_ms: 0,
+        }
+    }
+
+    pub fn held_by(&self, member: &str, now_ms: i64) -> bool {
+        self.owner.as_deref() == Some(member) && self.expires_at_ms > now_ms
+    }
+
+    pub fn token(&self) -> Option<OwnerToken> {
+        Some(OwnerToken {
+            partition: self.partition,
+            member: self.owner.clone()?,
+            epoch: self.epoch,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AcquireLeases {
+    pub member: String,
+    pub address: String,
+    /// The partitions wanted; empty = every partition.
+    pub partitions: Vec<u32>,
+    pub ttl_ms: u64,
+    /// Take partitions even when another member's lease has not expired
+    /// (static ownership: "I am the one coordinator"). Otherwise only free,
+    /// expired or own partitions are taken.
+    pub steal: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RenewLeases {
+    pub member: String,
+    pub tokens: Vec<OwnerToken>,
+    pub ttl_ms: u64,
+}
+
+/// The answer to AcquireLeases and RenewLeases.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The leases now held (after a take, with their new epoch).
+    pub granted: Vec<Lease>,
+    /// The partitions asked for and not granted, as the store holds them.
+    pub refused: Vec<Lease>,
+    /// The store's clock when it decided.
+    pub now_ms: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseTable {
+    pub partition_count: u32,
+    /// Every partition, in order.
+    pub leases: Vec<Lease>,
+    pub now_ms: i64,
 }

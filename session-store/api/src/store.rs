@@ -18,6 +18,7 @@ pub trait SessionStore: Send + Sync + 'static {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released>;
     /// Appends atomically if (sessionId, runId, fence) still match. Durable
     /// when it returns Ok.
@@ -44,6 +45,21 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Removes terminal records that ended before `ended_before_ms`; active
     /// records are never removed. Returns how many went.
     async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64>;
+
+    // Partition ownership. Every write above that carries an owner token is
+    // checked against these leases in the same unit as the write.
+
+    /// Takes partitions (bumping each one's epoch): free or expired ones, the
+    /// member's own, and with `steal` any.
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant>;
+    /// Extends leases whose epoch is still current and held by the member.
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant>;
+    /// Gives up leases still held under these tokens, at once, so that
+    /// another member can take them without waiting for expiry. Returns the
+    /// partitions released.
+    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>>;
+    /// Every partition's lease and the partition count.
+    async fn list_leases(&self) -> StoreResult<LeaseTable>;
 }
 
 /// Wall-clock Unix milliseconds, the store's clock.
@@ -64,8 +80,11 @@ impl<T: SessionStore + ?Sized> SessionStore for std::sync::Arc<T> {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released> {
-        (**self).release_writer(key, run_id, fence_token).await
+        (**self)
+            .release_writer(key, run_id, fence_token, owner_token)
+            .await
     }
     async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
         (**self).append(req).await
@@ -103,5 +122,17 @@ impl<T: SessionStore + ?Sized> SessionStore for std::sync::Arc<T> {
     }
     async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
         (**self).purge_expired_runs(ended_before_ms).await
+    }
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
+        (**self).acquire_leases(req).await
+    }
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+        (**self).renew_leases(req).await
+    }
+    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
+        (**self).release_leases(tokens).await
+    }
+    async fn list_leases(&self) -> StoreResult<LeaseTable> {
+        (**self).list_leases().await
     }
 }

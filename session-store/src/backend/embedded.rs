@@ -27,6 +27,7 @@ use uuid::Uuid;
 use crate::error::{StoreError, StoreResult};
 use crate::key::SessionKey;
 use crate::model::*;
+use crate::rules::ownership;
 use crate::rules::{self, SessionSlot};
 use crate::store::{SessionStore, now_ms};
 
@@ -37,6 +38,10 @@ const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
 const TRANSCRIPTS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("transcripts");
 /// runId → `RunRecord` (JSON).
 const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+/// partition → `Lease` (JSON); a partition without a row was never owned.
+const LEASES: TableDefinition<u32, &[u8]> = TableDefinition::new("leases");
+/// Settings fixed at the store's first start (`partition_count`).
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
@@ -44,6 +49,9 @@ pub struct EmbeddedOptions {
     pub max_batch: usize,
     /// Writes waiting for the writer thread before callers are held back.
     pub queue_depth: usize,
+    /// The partition count; written at the first start, checked at every
+    /// later one.
+    pub partitions: u32,
 }
 
 impl Default for EmbeddedOptions {
@@ -51,6 +59,7 @@ impl Default for EmbeddedOptions {
         Self {
             max_batch: 256,
             queue_depth: 4096,
+            partitions: clawgate_common::partition::DEFAULT_PARTITIONS,
         }
     }
 }
@@ -63,13 +72,16 @@ type Job = Box<dyn FnOnce(&WriteTransaction, i64) -> (Completion, Result<(), red
 pub struct EmbeddedStore {
     db: Arc<Database>,
     jobs: mpsc::Sender<Job>,
+    partitions: u32,
 }
 
 impl EmbeddedStore {
     /// Opens (or creates) the store file; recovers it after a crash.
     pub async fn open(path: &Path, options: EmbeddedOptions) -> StoreResult<Self> {
         let path = path.to_owned();
-        let db = tokio::task::spawn_blocking(move || -> Result<Database, redb::Error> {
+        let partitions = options.partitions;
+        clawgate_common::partition::check_partitions(partitions).map_err(StoreError::invalid)?;
+        let opened = tokio::task::spawn_blocking(move || -> Result<_, redb::Error> {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(redb::StorageError::from)?;
             }
@@ -78,12 +90,27 @@ impl EmbeddedStore {
             txn.open_table(SESSIONS)?;
             txn.open_table(TRANSCRIPTS)?;
             txn.open_table(RUNS)?;
+            txn.open_table(LEASES)?;
+            let stored = {
+                let mut meta = txn.open_table(META)?;
+                let stored = meta.get("partition_count")?.map(|v| v.value());
+                if stored.is_none() {
+                    meta.insert("partition_count", u64::from(partitions))?;
+                }
+                stored
+            };
             txn.commit()?;
-            Ok(db)
+            Ok((db, stored))
         })
         .await
-        .map_err(StoreError::internal)?
-        .map_err(|e| StoreError::Unavailable(format!("cannot open the embedded store: {e}")))?;
+        .map_err(StoreError::internal)?;
+        let (db, stored) = opened
+            .map_err(|e| StoreError::Unavailable(format!("cannot open the embedded store: {e}")))?;
+        if let Some(stored) = stored.filter(|s| *s != u64::from(partitions)) {
+            return Err(StoreError::invalid(format!(
+                "this store was created with {stored} partitions, not {partitions}; the partition count cannot change"
+            )));
+        }
         let db = Arc::new(db);
         let (jobs, queue) = mpsc::channel(options.queue_depth.max(1));
         let writer_db = db.clone();
@@ -91,7 +118,11 @@ impl EmbeddedStore {
             .name("session-store-writer".into())
             .spawn(move || run_writer(&writer_db, queue, options.max_batch.max(1)))
             .map_err(StoreError::internal)?;
-        Ok(Self { db, jobs })
+        Ok(Self {
+            db,
+            jobs,
+            partitions,
+        })
     }
 
     /// Runs `op` inside the next group commit and returns its result once the
@@ -237,10 +268,53 @@ fn read_slot(txn: &redb::ReadTransaction, key: &SessionKey) -> Result<SessionSlo
     slot.map_or(Ok(SessionSlot::default()), |row| decode(row.value()))
 }
 
+fn load_lease(txn: &WriteTransaction, partition: u32) -> Result<Lease, redb::Error> {
+    let table = txn.open_table(LEASES)?;
+    let lease = table.get(partition)?;
+    lease.map_or(Ok(Lease::unowned(partition)), |row| decode(row.value()))
+}
+
+fn store_lease(txn: &WriteTransaction, lease: &Lease) -> Result<(), redb::Error> {
+    txn.open_table(LEASES)?
+        .insert(lease.partition, encode(lease).as_slice())?;
+    Ok(())
+}
+
+/// The owner check of a write, in the write's own transaction: the writer
+/// thread applies lease changes and writes in one order, so a take is after
+/// every write of the tenure it ends.
+fn owner_check(
+    txn: &WriteTransaction,
+    key: &SessionKey,
+    token: Option<&OwnerToken>,
+    partitions: u32,
+) -> Result<StoreResult<()>, redb::Error> {
+    let partition = ownership::partition(key, partitions);
+    let lease = load_lease(txn, partition)?;
+    Ok(ownership::check_owner(token, partition, &lease))
+}
+
+/// Returns early from a write job with the refusal of a rule or a check.
+macro_rules! refused {
+    ($outcome:expr) => {
+        match $outcome {
+            Ok(value) => value,
+            Err(refusal) => return Ok(Err(refusal)),
+        }
+    };
+}
+
 #[async_trait]
 impl SessionStore for EmbeddedStore {
     async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
+        let partitions = self.partitions;
         self.write(move |txn, now| {
+            refused!(owner_check(
+                txn,
+                &req.key,
+                req.owner_token.as_ref(),
+                partitions
+            )?);
             let mut slot = load_slot(txn, &req.key)?;
             let acquired = rules::acquire(&mut slot, &req, now, Uuid::new_v4);
             if acquired.is_ok() {
@@ -256,9 +330,12 @@ impl SessionStore for EmbeddedStore {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released> {
         let (key, run_id) = (key.clone(), run_id.to_owned());
+        let (owner_token, partitions) = (owner_token.cloned(), self.partitions);
         self.write(move |txn, now| {
+            refused!(owner_check(txn, &key, owner_token.as_ref(), partitions)?);
             let mut slot = load_slot(txn, &key)?;
             let released = rules::release(&mut slot, &run_id, fence_token, now);
             if released {
@@ -273,12 +350,16 @@ impl SessionStore for EmbeddedStore {
     }
 
     async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
+        let partitions = self.partitions;
         self.write(move |txn, now| {
+            refused!(owner_check(
+                txn,
+                &req.key,
+                req.owner_token.as_ref(),
+                partitions
+            )?);
             let mut slot = load_slot(txn, &req.key)?;
-            let first_seq = match rules::reserve_append(&mut slot, &req, now) {
-                Ok(first) => first,
-                Err(refused) => return Ok(Err(refused)),
-            };
+            let first_seq = refused!(rules::reserve_append(&mut slot, &req, now));
             let stamped = rules::stamp_entries(&req, first_seq, now);
             {
                 let mut transcripts = txn.open_table(TRANSCRIPTS)?;
@@ -383,7 +464,14 @@ impl SessionStore for EmbeddedStore {
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
+        let partitions = self.partitions;
         self.write(move |txn, now| {
+            refused!(owner_check(
+                txn,
+                &new.session_key,
+                new.owner_token.as_ref(),
+                partitions
+            )?);
             let mut runs = txn.open_table(RUNS)?;
             if let Some(existing) = load_run(&runs, &new.run_id)? {
                 return Ok(Ok(rules::existing_run(existing, &new)));
@@ -400,17 +488,22 @@ impl SessionStore for EmbeddedStore {
     }
 
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
+        let partitions = self.partitions;
         self.write(move |txn, now| {
-            let mut runs = txn.open_table(RUNS)?;
-            let Some(mut record) = load_run(&runs, &update.run_id)? else {
+            let Some(mut record) = load_run(&txn.open_table(RUNS)?, &update.run_id)? else {
                 return Ok(Err(StoreError::RunNotFound(update.run_id)));
             };
-            if let Err(refused) = rules::update_run(&mut record, &update, now) {
-                return Ok(Err(refused));
-            }
+            let key = SessionKey::from_stored(record.session_key.clone());
+            refused!(owner_check(
+                txn,
+                &key,
+                update.owner_token.as_ref(),
+                partitions
+            )?);
+            refused!(rules::update_run(&mut record, &update, now));
+            let mut runs = txn.open_table(RUNS)?;
             runs.insert(record.run_id.as_str(), encode(&record).as_slice())?;
             drop(runs);
-            let key = SessionKey::from_stored(record.session_key.clone());
             let mut slot = load_slot(txn, &key)?;
             let before = slot.clone();
             rules::note_run_status(&mut slot, &record);
@@ -462,6 +555,76 @@ impl SessionStore for EmbeddedStore {
                 )));
             }
             Ok(Ok(before - runs.len()?))
+        })
+        .await
+    }
+
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
+        let targets = ownership::acquire_targets(&req, self.partitions)?;
+        self.write(move |txn, now| {
+            let mut outcomes = Vec::with_capacity(targets.len());
+            for partition in targets {
+                let mut lease = load_lease(txn, partition)?;
+                let taken = ownership::take(&mut lease, &req, now);
+                if taken {
+                    store_lease(txn, &lease)?;
+                }
+                outcomes.push((lease, taken));
+            }
+            Ok(Ok(ownership::grant(outcomes, now)))
+        })
+        .await
+    }
+
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+        ownership::check_renew(&req, self.partitions)?;
+        self.write(move |txn, now| {
+            let mut outcomes = Vec::with_capacity(req.tokens.len());
+            for token in &req.tokens {
+                let mut lease = load_lease(txn, token.partition)?;
+                let renewed = ownership::renew(&mut lease, token, req.ttl_ms, now);
+                if renewed {
+                    store_lease(txn, &lease)?;
+                }
+                outcomes.push((lease, renewed));
+            }
+            Ok(Ok(ownership::grant(outcomes, now)))
+        })
+        .await
+    }
+
+    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
+        ownership::check_tokens(&tokens, None, self.partitions)?;
+        self.write(move |txn, now| {
+            let mut released = Vec::new();
+            for token in &tokens {
+                let mut lease = load_lease(txn, token.partition)?;
+                if ownership::release(&mut lease, token, now) {
+                    store_lease(txn, &lease)?;
+                    released.push(token.partition);
+                }
+            }
+            Ok(Ok(released))
+        })
+        .await
+    }
+
+    async fn list_leases(&self) -> StoreResult<LeaseTable> {
+        let partition_count = self.partitions;
+        self.read(move |txn| {
+            let table = txn.open_table(LEASES)?;
+            let mut leases: Vec<Lease> = (0..partition_count).map(Lease::unowned).collect();
+            for row in table.iter()? {
+                let lease: Lease = decode(row?.1.value())?;
+                if let Some(slot) = leases.get_mut(lease.partition as usize) {
+                    *slot = lease;
+                }
+            }
+            Ok(Ok(LeaseTable {
+                partition_count,
+                leases,
+                now_ms: now_ms(),
+            }))
         })
         .await
     }

@@ -10,24 +10,54 @@ use uuid::Uuid;
 use crate::error::{StoreError, StoreResult};
 use crate::key::SessionKey;
 use crate::model::*;
+use crate::rules::ownership::{self, check_owner};
 use crate::rules::{self, SessionSlot};
 use crate::store::{SessionStore, now_ms};
 
-#[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
     slots: BTreeMap<SessionKey, SessionSlot>,
     transcripts: HashMap<SessionId, Vec<TranscriptEntry>>,
     runs: HashMap<String, RunRecord>,
+    /// One per partition, indexed by partition.
+    leases: Vec<Lease>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_partitions(clawgate_common::partition::DEFAULT_PARTITIONS)
+    }
 }
 
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    pub fn with_partitions(partitions: u32) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                slots: BTreeMap::new(),
+                transcripts: HashMap::new(),
+                runs: HashMap::new(),
+                leases: (0..partitions).map(Lease::unowned).collect(),
+            }),
+        }
+    }
+}
+
+impl Inner {
+    /// The owner check of a write to `key`'s partition.
+    fn check_owner(&self, key: &SessionKey, token: Option<&OwnerToken>) -> StoreResult<()> {
+        let partition = ownership::partition(key, self.leases.len() as u32);
+        check_owner(token, partition, &self.leases[partition as usize])
+    }
+
+    fn partition_count(&self) -> u32 {
+        self.leases.len() as u32
     }
 }
 
@@ -35,6 +65,7 @@ impl MemoryStore {
 impl SessionStore for MemoryStore {
     async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
         let mut inner = self.inner.lock().await;
+        inner.check_owner(&req.key, req.owner_token.as_ref())?;
         let slot = inner.slots.entry(req.key.clone()).or_default();
         rules::acquire(slot, &req, now_ms(), Uuid::new_v4)
     }
@@ -44,8 +75,10 @@ impl SessionStore for MemoryStore {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released> {
         let mut inner = self.inner.lock().await;
+        inner.check_owner(key, owner_token)?;
         let Some(slot) = inner.slots.get_mut(key) else {
             return Ok(Released {
                 released: false,
@@ -61,6 +94,7 @@ impl SessionStore for MemoryStore {
 
     async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
         let mut inner = self.inner.lock().await;
+        inner.check_owner(&req.key, req.owner_token.as_ref())?;
         let now = now_ms();
         let slot = inner.slots.entry(req.key.clone()).or_default();
         let first_seq = rules::reserve_append(slot, &req, now)?;
@@ -137,6 +171,7 @@ impl SessionStore for MemoryStore {
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         let mut inner = self.inner.lock().await;
+        inner.check_owner(&new.session_key, new.owner_token.as_ref())?;
         if let Some(existing) = inner.runs.get(&new.run_id) {
             return Ok(rules::existing_run(existing.clone(), &new));
         }
@@ -151,12 +186,18 @@ impl SessionStore for MemoryStore {
 
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
         let mut inner = self.inner.lock().await;
-        let Some(record) = inner.runs.get_mut(&update.run_id) else {
+        let Some(key) = inner
+            .runs
+            .get(&update.run_id)
+            .map(|r| r.session_key.clone())
+        else {
             return Err(StoreError::RunNotFound(update.run_id));
         };
+        let key = SessionKey::from_stored(key);
+        inner.check_owner(&key, update.owner_token.as_ref())?;
+        let record = inner.runs.get_mut(&update.run_id).expect("looked up above");
         rules::update_run(record, &update, now_ms())?;
         let record = record.clone();
-        let key = SessionKey::from_stored(record.session_key.clone());
         if let Some(slot) = inner.slots.get_mut(&key) {
             rules::note_run_status(slot, &record);
         }
@@ -185,5 +226,56 @@ impl SessionStore for MemoryStore {
             .runs
             .retain(|_, r| !rules::run_expired(r, ended_before_ms));
         Ok((before - inner.runs.len()) as u64)
+    }
+
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
+        let mut inner = self.inner.lock().await;
+        let targets = ownership::acquire_targets(&req, inner.partition_count())?;
+        let now = now_ms();
+        let outcomes = targets
+            .into_iter()
+            .map(|p| {
+                let lease = &mut inner.leases[p as usize];
+                let taken = ownership::take(lease, &req, now);
+                (lease.clone(), taken)
+            })
+            .collect();
+        Ok(ownership::grant(outcomes, now))
+    }
+
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+        let mut inner = self.inner.lock().await;
+        ownership::check_renew(&req, inner.partition_count())?;
+        let now = now_ms();
+        let outcomes = req
+            .tokens
+            .iter()
+            .map(|token| {
+                let lease = &mut inner.leases[token.partition as usize];
+                let renewed = ownership::renew(lease, token, req.ttl_ms, now);
+                (lease.clone(), renewed)
+            })
+            .collect();
+        Ok(ownership::grant(outcomes, now))
+    }
+
+    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
+        let mut inner = self.inner.lock().await;
+        ownership::check_tokens(&tokens, None, inner.partition_count())?;
+        let now = now_ms();
+        Ok(tokens
+            .iter()
+            .filter(|t| ownership::release(&mut inner.leases[t.partition as usize], t, now))
+            .map(|t| t.partition)
+            .collect())
+    }
+
+    async fn list_leases(&self) -> StoreResult<LeaseTable> {
+        let inner = self.inner.lock().await;
+        Ok(LeaseTable {
+            partition_count: inner.partition_count(),
+            leases: inner.leases.clone(),
+            now_ms: now_ms(),
+        })
     }
 }

@@ -1,9 +1,11 @@
 //! The tonic adapter: decode, call the domain store, encode. No logic here.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use clawgate_proto::session_store::v1 as pb;
 use clawgate_proto::session_store::v1::session_store_server::SessionStore as GrpcSessionStore;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::convert::*;
@@ -23,6 +25,12 @@ impl SessionStoreService {
 }
 
 type GrpcResult<T> = Result<Response<T>, Status>;
+
+/// How often WatchLeases reads the table when the caller asks for 0, and the
+/// bounds it keeps a caller's interval within.
+const WATCH_DEFAULT_INTERVAL_MS: u32 = 1000;
+const WATCH_MIN_INTERVAL_MS: u32 = 100;
+const WATCH_MAX_INTERVAL_MS: u32 = 60_000;
 
 fn key(raw: &str) -> Result<SessionKey, Status> {
     SessionKey::parse(raw).map_err(to_status)
@@ -67,7 +75,12 @@ impl GrpcSessionStore for SessionStoreService {
         let req = request.into_inner();
         let out = self
             .store
-            .release_writer(&key(&req.session_key)?, &req.run_id, req.fence_token)
+            .release_writer(
+                &key(&req.session_key)?,
+                &req.run_id,
+                req.fence_token,
+                req.owner_token.map(owner_token_from_pb).as_ref(),
+            )
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::ReleaseWriterResponse {
@@ -84,6 +97,7 @@ impl GrpcSessionStore for SessionStoreService {
             run_id: req.run_id,
             fence_token: req.fence_token,
             entries: req.entries.into_iter().map(new_entry_from_pb).collect(),
+            owner_token: req.owner_token.map(owner_token_from_pb),
         };
         let out = self.store.append(append).await.map_err(to_status)?;
         Ok(Response::new(pb::AppendResponse {
@@ -229,5 +243,99 @@ impl GrpcSessionStore for SessionStoreService {
             .await
             .map_err(to_status)?;
         Ok(Response::new(pb::PurgeExpiredRunsResponse { purged }))
+    }
+
+    async fn acquire_leases(
+        &self,
+        request: Request<pb::AcquireLeasesRequest>,
+    ) -> GrpcResult<pb::LeaseGrantResponse> {
+        let req = request.into_inner();
+        let req = crate::model::AcquireLeases {
+            member: req.member,
+            address: req.address,
+            partitions: req.partitions,
+            ttl_ms: req.ttl_ms,
+            steal: req.steal,
+        };
+        let grant = self.store.acquire_leases(req).await.map_err(to_status)?;
+        Ok(Response::new(grant_to_pb(grant)))
+    }
+
+    async fn renew_leases(
+        &self,
+        request: Request<pb::RenewLeasesRequest>,
+    ) -> GrpcResult<pb::LeaseGrantResponse> {
+        let req = request.into_inner();
+        let req = crate::model::RenewLeases {
+            member: req.member,
+            tokens: req.tokens.into_iter().map(owner_token_from_pb).collect(),
+            ttl_ms: req.ttl_ms,
+        };
+        let grant = self.store.renew_leases(req).await.map_err(to_status)?;
+        Ok(Response::new(grant_to_pb(grant)))
+    }
+
+    async fn release_leases(
+        &self,
+        request: Request<pb::ReleaseLeasesRequest>,
+    ) -> GrpcResult<pb::ReleaseLeasesResponse> {
+        let tokens = request.into_inner().tokens;
+        let tokens = tokens.into_iter().map(owner_token_from_pb).collect();
+        let released = self.store.release_leases(tokens).await.map_err(to_status)?;
+        Ok(Response::new(pb::ReleaseLeasesResponse { released }))
+    }
+
+    async fn list_leases(
+        &self,
+        _request: Request<pb::ListLeasesRequest>,
+    ) -> GrpcResult<pb::ListLeasesResponse> {
+        let table = self.store.list_leases().await.map_err(to_status)?;
+        Ok(Response::new(table_to_pb(table)))
+    }
+
+    type WatchLeasesStream = ReceiverStream<Result<pb::ListLeasesResponse, Status>>;
+
+    async fn watch_leases(
+        &self,
+        request: Request<pb::WatchLeasesRequest>,
+    ) -> GrpcResult<Self::WatchLeasesStream> {
+        let asked = request.into_inner().interval_ms;
+        let interval_ms = match asked {
+            0 => WATCH_DEFAULT_INTERVAL_MS,
+            n => n.clamp(WATCH_MIN_INTERVAL_MS, WATCH_MAX_INTERVAL_MS),
+        };
+        let first = self.store.list_leases().await.map_err(to_status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            // Polling, not a notification: with PostgreSQL other store
+            // replicas write the same table, so only reading it sees all.
+            let mut last = first.leases.clone();
+            if tx.send(Ok(table_to_pb(first))).await.is_err() {
+                return;
+            }
+            let mut tick = tokio::time::interval(Duration::from_millis(u64::from(interval_ms)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = tx.closed() => return,
+                }
+                let item = match store.list_leases().await {
+                    Ok(table) if table.leases == last => continue,
+                    Ok(table) => {
+                        last = table.leases.clone();
+                        Ok(table_to_pb(table))
+                    }
+                    Err(err) => Err(to_status(err)),
+                };
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

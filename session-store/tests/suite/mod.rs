@@ -4,6 +4,10 @@
 #![allow(dead_code)]
 
 pub mod harness;
+pub mod ownership;
+
+#[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
+pub use ownership::*;
 
 use session_store::model::*;
 use session_store::{SessionKey, SessionStore, StoreError};
@@ -28,6 +32,7 @@ pub fn acquire_req(
     mode: AcquireMode,
 ) -> AcquireWriter {
     AcquireWriter {
+        owner_token: None,
         key: k.clone(),
         expected_session: ExpectedSession::Current,
         expected_writer: expected.map(str::to_owned),
@@ -53,6 +58,7 @@ pub async fn takeover(store: &dyn SessionStore, k: &SessionKey, run: &str) -> Ac
 
 pub fn append_req(k: &SessionKey, held: &Acquired, run: &str, texts: &[&str]) -> AppendEntries {
     AppendEntries {
+        owner_token: None,
         key: k.clone(),
         session_id: held.session.session_id,
         run_id: run.to_owned(),
@@ -114,8 +120,9 @@ fn seqs(page: &HistoryPage) -> Vec<u64> {
     page.entries.iter().map(|e| e.seq).collect()
 }
 
-fn new_run(run_id: &str, k: &SessionKey, fingerprint: &str) -> NewRun {
+pub fn new_run(run_id: &str, k: &SessionKey, fingerprint: &str) -> NewRun {
     NewRun {
+        owner_token: None,
         run_id: run_id.to_owned(),
         session_key: k.clone(),
         kind: "agent".to_owned(),
@@ -126,8 +133,9 @@ fn new_run(run_id: &str, k: &SessionKey, fingerprint: &str) -> NewRun {
     }
 }
 
-fn update(run_id: &str, expected_version: u64, status: RunStatus) -> RunUpdate {
+pub fn update(run_id: &str, expected_version: u64, status: RunStatus) -> RunUpdate {
     RunUpdate {
+        owner_token: None,
         run_id: run_id.to_owned(),
         expected_version,
         status,
@@ -156,7 +164,7 @@ pub async fn acquire_when_free(store: &dyn SessionStore) {
     assert_eq!(seen.last_run_id.as_deref(), Some("run-1"));
 
     // Expecting the exact sessionId works too, and does not create anew.
-    store.release_writer(&k, "run-1", 1).await.unwrap();
+    store.release_writer(&k, "run-1", 1, None).await.unwrap();
     let mut req = acquire_req(&k, "run-2", None, AcquireMode::Cas);
     req.expected_session = ExpectedSession::Id(got.session.session_id);
     let again = store.acquire_writer(req).await.unwrap();
@@ -228,7 +236,7 @@ pub async fn takeover_returns_old_run(store: &dyn SessionStore) {
     assert_eq!(second.session.active_writer_run_id.as_deref(), Some("new"));
     // Taking over a free slot supersedes nobody.
     store
-        .release_writer(&k, "new", second.fence_token)
+        .release_writer(&k, "new", second.fence_token, None)
         .await
         .unwrap();
     let third = takeover(store, &k, "newer").await;
@@ -310,7 +318,7 @@ pub async fn append_rejected_after_release(store: &dyn SessionStore) {
     let k = key("after-release");
     let held = acquire(store, &k, "run").await;
     let released = store
-        .release_writer(&k, "run", held.fence_token)
+        .release_writer(&k, "run", held.fence_token, None)
         .await
         .unwrap();
     assert!(released.released);
@@ -324,7 +332,7 @@ pub async fn append_rejected_after_release(store: &dyn SessionStore) {
     .await;
     // A second release (a retry) changes nothing.
     let again = store
-        .release_writer(&k, "run", held.fence_token)
+        .release_writer(&k, "run", held.fence_token, None)
         .await
         .unwrap();
     assert!(!again.released);
@@ -349,7 +357,7 @@ pub async fn append_rejected_with_wrong_fence(store: &dyn SessionStore) {
     .await;
     // A release with the wrong fence does not release.
     let released = store
-        .release_writer(&k, "run", held.fence_token + 7)
+        .release_writer(&k, "run", held.fence_token + 7, None)
         .await
         .unwrap();
     assert!(!released.released);
@@ -595,7 +603,7 @@ pub async fn unknown_key_has_empty_history(store: &dyn SessionStore) {
             .is_none()
     );
     let released = store
-        .release_writer(&key("never-seen"), "run", 1)
+        .release_writer(&key("never-seen"), "run", 1, None)
         .await
         .unwrap();
     assert!(!released.released);
@@ -879,6 +887,12 @@ macro_rules! conformance_cases {
             run_create_if_absent,
             run_update_is_cas,
             retention_removes_only_terminal_runs,
+            every_partition_has_a_lease,
+            leases_take_renew_release,
+            a_steal_fences_every_write_of_the_old_owner,
+            owner_tokens_are_checked,
+            an_expired_lease_is_taken_and_its_epoch_fenced,
+            a_take_is_ordered_after_the_old_tenures_writes,
         );
     };
     (@each $make:path; $($case:ident),* $(,)?) => {

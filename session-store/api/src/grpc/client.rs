@@ -82,6 +82,7 @@ impl SessionStore for RemoteStore {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released> {
         let res = self
             .client()
@@ -89,6 +90,7 @@ impl SessionStore for RemoteStore {
                 session_key: key.as_str().to_owned(),
                 run_id: run_id.to_owned(),
                 fence_token,
+                owner_token: owner_token.cloned().map(owner_token_to_pb),
             })
             .await
             .map_err(from_status)?
@@ -108,6 +110,7 @@ impl SessionStore for RemoteStore {
                 run_id: req.run_id,
                 fence_token: req.fence_token,
                 entries: req.entries.into_iter().map(new_entry_to_pb).collect(),
+                owner_token: req.owner_token.map(owner_token_to_pb),
             })
             .await
             .map_err(from_status)?
@@ -264,5 +267,71 @@ impl SessionStore for RemoteStore {
             .map_err(from_status)?
             .into_inner();
         Ok(res.purged)
+    }
+
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
+        let res = self
+            .client()
+            .acquire_leases(pb::AcquireLeasesRequest {
+                member: req.member,
+                address: req.address,
+                partitions: req.partitions,
+                ttl_ms: req.ttl_ms,
+                steal: req.steal,
+            })
+            .await
+            .map_err(from_status)?;
+        Ok(grant_from_pb(res.into_inner()))
+    }
+
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+        let res = self
+            .client()
+            .renew_leases(pb::RenewLeasesRequest {
+                member: req.member,
+                tokens: req.tokens.into_iter().map(owner_token_to_pb).collect(),
+                ttl_ms: req.ttl_ms,
+            })
+            .await
+            .map_err(from_status)?;
+        Ok(grant_from_pb(res.into_inner()))
+    }
+
+    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
+        let res = self
+            .client()
+            .release_leases(pb::ReleaseLeasesRequest {
+                tokens: tokens.into_iter().map(owner_token_to_pb).collect(),
+            })
+            .await
+            .map_err(from_status)?;
+        Ok(res.into_inner().released)
+    }
+
+    async fn list_leases(&self) -> StoreResult<LeaseTable> {
+        let res = self
+            .client()
+            .list_leases(pb::ListLeasesRequest {})
+            .await
+            .map_err(from_status)?;
+        Ok(table_from_pb(res.into_inner()))
+    }
+}
+
+impl RemoteStore {
+    /// The lease table now and after each change, as the store sees it.
+    pub async fn watch_leases(
+        &self,
+        interval_ms: u32,
+    ) -> StoreResult<impl futures::Stream<Item = StoreResult<LeaseTable>> + use<>> {
+        let stream = self
+            .client()
+            .watch_leases(pb::WatchLeasesRequest { interval_ms })
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(futures::StreamExt::map(stream, |item| {
+            item.map(table_from_pb).map_err(from_status)
+        }))
     }
 }

@@ -205,6 +205,7 @@ pub fn acquire_from_pb(r: pb::AcquireWriterRequest) -> Result<AcquireWriter, Sto
         run_id: r.run_id,
         mode,
         label: r.label,
+        owner_token: r.owner_token.map(owner_token_from_pb),
     })
 }
 
@@ -219,6 +220,7 @@ pub fn acquire_to_pb(r: AcquireWriter) -> pb::AcquireWriterRequest {
             AcquireMode::Takeover => pb::AcquireMode::Takeover,
         } as i32,
         label: r.label,
+        owner_token: r.owner_token.map(owner_token_to_pb),
     }
 }
 
@@ -267,6 +269,7 @@ pub fn run_update_from_pb(r: pb::UpdateRunRequest) -> Result<RunUpdate, StoreErr
         owner: r.owner,
         outcome_json: r.outcome_json,
         fence_token: r.fence_token,
+        owner_token: r.owner_token.map(owner_token_from_pb),
     })
 }
 
@@ -279,6 +282,7 @@ pub fn run_update_to_pb(u: RunUpdate) -> pb::UpdateRunRequest {
         outcome_json: u.outcome_json,
         session_id: u.session_id.map(|id| id.to_string()),
         fence_token: u.fence_token,
+        owner_token: u.owner_token.map(owner_token_to_pb),
     }
 }
 
@@ -291,6 +295,7 @@ pub fn new_run_from_pb(r: pb::CreateRunRequest) -> Result<NewRun, StoreError> {
         fingerprint: r.fingerprint,
         owner: r.owner,
         request_json: r.request_json,
+        owner_token: r.owner_token.map(owner_token_from_pb),
     })
 }
 
@@ -303,5 +308,74 @@ pub fn new_run_to_pb(n: NewRun) -> pb::CreateRunRequest {
         status: status_to_pb(Some(n.status)) as i32,
         owner: n.owner,
         request_json: n.request_json,
+        owner_token: n.owner_token.map(owner_token_to_pb),
+    }
+}
+
+pub fn owner_token_to_pb(t: OwnerToken) -> pb::OwnerToken {
+    pb::OwnerToken {
+        partition: t.partition,
+        member: t.member,
+        epoch: t.epoch,
+    }
+}
+
+pub fn owner_token_from_pb(t: pb::OwnerToken) -> OwnerToken {
+    OwnerToken {
+        partition: t.partition,
+        member: t.member,
+        epoch: t.epoch,
+    }
+}
+
+pub fn lease_to_pb(l: Lease) -> pb::Lease {
+    pb::Lease {
+        partition: l.partition,
+        owner: l.owner,
+        address: l.address,
+        epoch: l.epoch,
+        expires_at_ms: l.expires_at_ms,
+    }
+}
+
+pub fn lease_from_pb(l: pb::Lease) -> Lease {
+    Lease {
+        partition: l.partition,
+        owner: l.owner,
+        address: l.address,
+        epoch: l.epoch,
+        expires_at_ms: l.expires_at_ms,
+    }
+}
+
+pub fn grant_to_pb(g: LeaseGrant) -> pb::LeaseGrantResponse {
+    pb::LeaseGrantResponse {
+        granted: g.granted.into_iter().map(lease_to_pb).collect(),
+        refused: g.refused.into_iter().map(lease_to_pb).collect(),
+        now_ms: g.now_ms,
+    }
+}
+
+pub fn grant_from_pb(g: pb::LeaseGrantResponse) -> LeaseGrant {
+    LeaseGrant {
+        granted: g.granted.into_iter().map(lease_from_pb).collect(),
+        refused: g.refused.into_iter().map(lease_from_pb).collect(),
+        now_ms: g.now_ms,
+    }
+}
+
+pub fn table_to_pb(t: LeaseTable) -> pb::ListLeasesResponse {
+    pb::ListLeasesResponse {
+        partition_count: t.partition_count,
+        leases: t.leases.into_iter().map(lease_to_pb).collect(),
+        now_ms: t.now_ms,
+    }
+}
+
+pub fn table_from_pb(t: pb::ListLeasesResponse) -> LeaseTable {
+    LeaseTable {
+        partition_count: t.partition_count,
+        leases: t.leases.into_iter().map(lease_from_pb).collect(),
+        now_ms: t.now_ms,
     }
 }

@@ -9,7 +9,9 @@ use clawgate_proto::session_store::v1 as pb;
 use clawgate_proto::status_detail::MAX_DETAIL_BYTES;
 use tonic::{Code, Status};
 
-use super::convert::{run_from_pb, run_to_pb, session_from_pb, session_to_pb};
+use super::convert::{
+    lease_from_pb, lease_to_pb, run_from_pb, run_to_pb, session_from_pb, session_to_pb,
+};
 use crate::error::StoreError;
 
 const DETAIL_TYPE_URL: &str = "type.googleapis.com/clawgate.session_store.v1.StoreErrorDetail";
@@ -20,6 +22,7 @@ fn grpc_code(err: &StoreError) -> Code {
         // Superseded or stale: retrying the same call cannot succeed.
         StoreError::StaleWriter { .. }
         | StoreError::SessionReplaced { .. }
+        | StoreError::StaleOwner { .. }
         | StoreError::RunTerminal { .. } => Code::FailedPrecondition,
         // Lost a compare-and-swap race: re-read and decide again.
         StoreError::WriterConflict { .. } | StoreError::RunVersionConflict { .. } => Code::Aborted,
@@ -36,6 +39,7 @@ fn detail_code(err: &StoreError) -> pb::ErrorCode {
         StoreError::StaleWriter { .. } => C::StaleWriter,
         StoreError::SessionReplaced { .. } => C::SessionReplaced,
         StoreError::WriterConflict { .. } => C::WriterConflict,
+        StoreError::StaleOwner { .. } => C::StaleOwner,
         StoreError::RunNotFound(_) => C::RunNotFound,
         StoreError::RunVersionConflict { .. } => C::RunVersionConflict,
         StoreError::RunTerminal { .. } => C::RunTerminal,
@@ -63,6 +67,9 @@ pub fn to_status(err: StoreError) -> Status {
         }
         StoreError::RunTerminal { current } => detail.current_run = Some(run_to_pb(*current)),
         StoreError::RunNotFound(run_id) => detail.run_id = Some(run_id),
+        StoreError::StaleOwner { current, .. } => {
+            detail.current_lease = current.map(|l| lease_to_pb(*l));
+        }
         _ => {}
     }
     trim(&mut detail);
@@ -141,6 +148,13 @@ pub fn from_status(status: Status) -> StoreError {
         C::WriterConflict => StoreError::WriterConflict {
             message,
             current: session(),
+        },
+        C::StaleOwner => StoreError::StaleOwner {
+            message,
+            current: detail
+                .current_lease
+                .clone()
+                .map(|l| Box::new(lease_from_pb(l))),
         },
         C::RunNotFound => StoreError::RunNotFound(detail.run_id.clone().unwrap_or_default()),
         C::RunVersionConflict => match run() {

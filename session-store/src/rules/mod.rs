@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod ownership;
+
 use crate::error::StoreError;
 use crate::key::SessionKey;
 use crate::model::*;
@@ -500,6 +502,7 @@ mod tests {
     fn a_refused_acquire_creates_nothing() {
         let mut slot = SessionSlot::default();
         let req = AcquireWriter {
+            owner_token: None,
             key: SessionKey::parse("main").unwrap(),
             expected_session: ExpectedSession::Current,
             expected_writer: Some("someone".into()),

@@ -8,30 +8,41 @@
 //! fence counter), so `INSERT ... ON CONFLICT DO NOTHING` then `FOR UPDATE`
 //! always finds a row to lock.
 //!
-//! Lock order: only UpdateRun locks two rows, its run row first and then the
-//! session row. Nothing locks a session row and then a run row, so writers
-//! cannot deadlock each other.
+//! Partition ownership (`leases`): a coordinator's write first locks its
+//! partition's lease row `FOR SHARE` and checks its owner token there, in the
+//! same transaction as the write.
+//!
+//! Lock order: a lease row first (coordinator writes), then for UpdateRun its
+//! run row and then the session row. Nothing locks a session row and then a
+//! run row, nor a run or session row and then a lease row, so writers cannot
+//! deadlock each other.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Client, GenericClient, Manager, Pool, PoolError, Transaction};
-use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 use uuid::Uuid;
 
 use crate::error::{StoreError, StoreResult};
 use crate::key::SessionKey;
 use crate::model::*;
-use crate::rules::{self, SessionSlot, SessionState, Writer};
+use crate::rules::ownership;
+use crate::rules::{self, SessionSlot};
 use crate::store::{SessionStore, now_ms};
+
+mod leases;
+mod rows;
+use rows::*;
 
 /// Applied in order, each at most once per schema (see `schema_migrations`).
 const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../../migrations/0001_sessions.sql")),
-    (2, include_str!("../../migrations/0002_transcript.sql")),
-    (3, include_str!("../../migrations/0003_runs.sql")),
+    (1, include_str!("../../../migrations/0001_sessions.sql")),
+    (2, include_str!("../../../migrations/0002_transcript.sql")),
+    (3, include_str!("../../../migrations/0003_runs.sql")),
+    (4, include_str!("../../../migrations/0004_ownership.sql")),
 ];
 
 /// Advisory lock serializing schema creation and migrations across replicas.
@@ -93,6 +104,7 @@ const DELETE_ENTRIES: &str = "DELETE FROM transcript_entries WHERE session_id = 
 
 const SELECT_RUN: &str = select_runs!("WHERE run_id = $1");
 const LOCK_RUN: &str = select_runs!("WHERE run_id = $1 FOR UPDATE");
+const SELECT_RUN_SESSION: &str = "SELECT session_key FROM runs WHERE run_id = $1";
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, session_key, kind, fingerprint, status, \
      version, created_at_ms, updated_at_ms, started_at_ms, ended_at_ms, owner, request_json, \
      outcome_json, session_id, fence_token) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
@@ -120,6 +132,9 @@ pub struct PgOptions {
     pub schema: Option<String>,
     /// Maximum pooled connections (at least 1 is used).
     pub pool_size: usize,
+    /// The partition count; written at the first start, checked at every
+    /// later one.
+    pub partitions: u32,
 }
 
 impl Default for PgOptions {
@@ -127,6 +142,7 @@ impl Default for PgOptions {
         Self {
             schema: None,
             pool_size: 16,
+            partitions: clawgate_common::partition::DEFAULT_PARTITIONS,
         }
     }
 }
@@ -134,6 +150,7 @@ impl Default for PgOptions {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    partitions: u32,
 }
 
 impl PostgresStore {
@@ -141,6 +158,8 @@ impl PostgresStore {
     /// pending migrations. Safe when several replicas start at once.
     pub async fn connect(url: &str, options: PgOptions) -> StoreResult<Self> {
         let schema = options.schema.as_deref().map(checked_schema).transpose()?;
+        let partitions = options.partitions;
+        clawgate_common::partition::check_partitions(partitions).map_err(StoreError::invalid)?;
         let mut config = parse_url(url)?;
         if let Some(schema) = schema {
             // Every pooled connection starts with the schema as its search_path.
@@ -157,7 +176,7 @@ impl PostgresStore {
             .max_size(options.pool_size.max(1))
             .build()
             .map_err(StoreError::internal)?;
-        let store = Self { pool };
+        let store = Self { pool, partitions };
         store.migrate(schema).await?;
         Ok(store)
     }
@@ -200,6 +219,7 @@ impl PostgresStore {
             .await?;
             tracing::info!(version, "applied session-store migration");
         }
+        leases::settle_partitions(&tx, self.partitions).await?;
         commit(tx).await
     }
 
@@ -252,6 +272,7 @@ impl SessionStore for PostgresStore {
     async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
+        leases::check_owner(&tx, &req.key, req.owner_token.as_ref(), self.partitions).await?;
         let acquired = apply(&tx, &req.key, true, |slot| {
             rules::acquire(slot, &req, now_ms(), Uuid::new_v4)
         })
@@ -265,9 +286,11 @@ impl SessionStore for PostgresStore {
         key: &SessionKey,
         run_id: &str,
         fence_token: u64,
+        owner_token: Option<&OwnerToken>,
     ) -> StoreResult<Released> {
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
+        leases::check_owner(&tx, key, owner_token, self.partitions).await?;
         let released = apply(&tx, key, false, |slot| {
             let released = rules::release(slot, run_id, fence_token, now_ms());
             Ok(Released {
@@ -283,6 +306,7 @@ impl SessionStore for PostgresStore {
     async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
+        leases::check_owner(&tx, &req.key, req.owner_token.as_ref(), self.partitions).await?;
         let (now, first_seq, session) = apply(&tx, &req.key, false, |slot| {
             let now = now_ms();
             let first_seq = rules::reserve_append(slot, &req, now)?;
@@ -415,7 +439,10 @@ impl SessionStore for PostgresStore {
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
-        let client = self.client().await?;
+        let mut client = self.client().await?;
+        let tx = begin(&mut client, false).await?;
+        let token = new.owner_token.as_ref();
+        leases::check_owner(&tx, &new.session_key, token, self.partitions).await?;
         let r = rules::new_run_record(&new, now_ms());
         let (session_id, fence) = (
             r.session_id.map(|id| id.to_string()),
@@ -430,15 +457,18 @@ impl SessionStore for PostgresStore {
         // A conflicting record may be purged between the INSERT and the
         // SELECT; then the INSERT is tried again.
         for _ in 0..3 {
-            if run(&client, INSERT_RUN, &params).await? == 1 {
+            if run(&tx, INSERT_RUN, &params).await? == 1 {
+                commit(tx).await?;
                 return Ok(CreateRunOutcome {
                     created: true,
                     record: r,
                     fingerprint_mismatch: false,
                 });
             }
-            if let Some(row) = fetch_opt(&client, SELECT_RUN, &[&new.run_id]).await? {
-                return Ok(rules::existing_run(run_from_row(&row)?, &new));
+            if let Some(row) = fetch_opt(&tx, SELECT_RUN, &[&new.run_id]).await? {
+                let existing = rules::existing_run(run_from_row(&row)?, &new);
+                commit(tx).await?;
+                return Ok(existing);
             }
         }
         let message = format!("run {:?} neither inserted nor found", new.run_id);
@@ -448,7 +478,15 @@ impl SessionStore for PostgresStore {
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
-        // Run row first, session row second (see the module docs).
+        // Lease row first, run row second, session row third (see the module
+        // docs). A run's session key never changes, so it is read unlocked to
+        // find the partition.
+        let Some(row) = fetch_opt(&tx, SELECT_RUN_SESSION, &[&update.run_id]).await? else {
+            return Err(StoreError::RunNotFound(update.run_id));
+        };
+        let key = SessionKey::from_stored(col(&row, 0)?);
+        let token = update.owner_token.as_ref();
+        leases::check_owner(&tx, &key, token, self.partitions).await?;
         let Some(row) = fetch_opt(&tx, LOCK_RUN, &[&update.run_id]).await? else {
             return Err(StoreError::RunNotFound(update.run_id));
         };
@@ -464,7 +502,6 @@ impl SessionStore for PostgresStore {
             &r.ended_at_ms, &r.owner, &r.outcome_json, &session_id, &fence,
         ];
         run(&tx, UPDATE_RUN, &params).await?;
-        let key = SessionKey::from_stored(r.session_key.clone());
         apply(&tx, &key, false, |slot| {
             rules::note_run_status(slot, &r);
             Ok(())
@@ -489,6 +526,61 @@ impl SessionStore for PostgresStore {
     async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
         let client = self.client().await?;
         run(&client, PURGE_RUNS, &[&ended_before_ms]).await
+    }
+
+    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
+        let targets = ownership::acquire_targets(&req, self.partitions)?;
+        let mut client = self.client().await?;
+        let tx = begin(&mut client, false).await?;
+        let grant = leases::apply(&tx, &targets, |lease, now| {
+            ownership::take(lease, &req, now)
+        })
+        .await?;
+        commit(tx).await?;
+        Ok(grant)
+    }
+
+    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+        ownership::check_renew(&req, self.partitions)?;
+        let mut tokens = req.tokens.clone();
+        tokens.sort_by_key(|t| t.partition);
+        let partitions: Vec<u32> = tokens.iter().map(|t| t.partition).collect();
+        let mut client = self.client().await?;
+        let tx = begin(&mut client, false).await?;
+        let mut next = tokens.iter();
+        let grant = leases::apply(&tx, &partitions, |lease, now| {
+            let token = next.next().expect("one token per locked row");
+            ownership::renew(lease, token, req.ttl_ms, now)
+        })
+        .await?;
+        commit(tx).await?;
+        Ok(grant)
+    }
+
+    async fn release_leases(&self, mut tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
+        ownership::check_tokens(&tokens, None, self.partitions)?;
+        tokens.sort_by_key(|t| t.partition);
+        let partitions: Vec<u32> = tokens.iter().map(|t| t.partition).collect();
+        let mut client = self.client().await?;
+        let tx = begin(&mut client, false).await?;
+        let mut next = tokens.iter();
+        let grant = leases::apply(&tx, &partitions, |lease, now| {
+            let token = next.next().expect("one token per locked row");
+            ownership::release(lease, token, now)
+        })
+        .await?;
+        commit(tx).await?;
+        Ok(grant.granted.iter().map(|l| l.partition).collect())
+    }
+
+    async fn list_leases(&self) -> StoreResult<LeaseTable> {
+        let client = self.client().await?;
+        let (leases, now_ms) = leases::list(&client).await?;
+        Ok(LeaseTable {
+            partition_count: self.partitions,
+            leases,
+            now_ms,
+        })
     }
 }
 
@@ -607,489 +699,5 @@ async fn insert_entries(
     run(tx, INSERT_ENTRIES, &params).await.map(drop)
 }
 
-fn col<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> StoreResult<T> {
-    row.try_get(idx)
-        .map_err(|e| StoreError::internal(describe(&e)))
-}
-
-fn parse_uuid(text: &str) -> StoreResult<Uuid> {
-    Uuid::parse_str(text).map_err(StoreError::internal)
-}
-
-fn parse_status(text: &str) -> StoreResult<RunStatus> {
-    RunStatus::parse(text)
-        .ok_or_else(|| StoreError::internal(format!("unknown run status {text:?} in the database")))
-}
-
-/// u64 counters (fences, seqs, versions, callers' run fence tokens) are kept
-/// bit for bit in bigint columns: lossless both ways. The ones the store
-/// issues count up from 0 and never reach the sign bit.
-fn to_db(value: u64) -> i64 {
-    value as i64
-}
-
-fn from_db(value: i64) -> u64 {
-    value as u64
-}
-
-/// Decodes a row of `select_sessions!`.
-fn slot_from_row(row: &Row) -> StoreResult<SessionSlot> {
-    let last_fence = from_db(col(row, 1)?);
-    let Some(session_id) = col::<Option<String>>(row, 2)? else {
-        return Ok(SessionSlot {
-            last_fence,
-            current: None,
-        });
-    };
-    let writer = match (col(row, 3)?, col::<Option<i64>>(row, 4)?) {
-        (Some(run_id), Some(fence)) => Some(Writer {
-            run_id,
-            fence: from_db(fence),
-        }),
-        _ => None,
-    };
-    let required = |idx| {
-        col::<Option<i64>>(row, idx)?
-            .ok_or_else(|| StoreError::internal("session row without timestamps"))
-    };
-    let last_run_status = col::<Option<String>>(row, 9)?;
-    Ok(SessionSlot {
-        last_fence,
-        current: Some(SessionState {
-            session_id: parse_uuid(&session_id)?,
-            writer,
-            created_at_ms: required(5)?,
-            updated_at_ms: required(6)?,
-            label: col(row, 7)?,
-            last_run_id: col(row, 8)?,
-            last_run_status: last_run_status.as_deref().map(parse_status).transpose()?,
-            entry_count: from_db(col(row, 10)?),
-        }),
-    })
-}
-
-/// Decodes a row of `select_runs!`.
-fn run_from_row(row: &Row) -> StoreResult<RunRecord> {
-    let session_id = col::<Option<String>>(row, 13)?;
-    Ok(RunRecord {
-        run_id: col(row, 0)?,
-        session_key: col(row, 1)?,
-        kind: col(row, 2)?,
-        fingerprint: col(row, 3)?,
-        status: parse_status(col(row, 4)?)?,
-        version: from_db(col(row, 5)?),
-        created_at_ms: col(row, 6)?,
-        updated_at_ms: col(row, 7)?,
-        started_at_ms: col(row, 8)?,
-        ended_at_ms: col(row, 9)?,
-        owner: col(row, 10)?,
-        request_json: col(row, 11)?,
-        outcome_json: col(row, 12)?,
-        session_id: session_id.as_deref().map(parse_uuid).transpose()?,
-        fence_token: col::<Option<i64>>(row, 14)?.map(from_db),
-    })
-}
-
-fn entry_from_row(row: &Row) -> StoreResult<TranscriptEntry> {
-    Ok(TranscriptEntry {
-        seq: from_db(col(row, 0)?),
-        role: col(row, 1)?,
-        content_json: col(row, 2)?,
-        timestamp_ms: col(row, 3)?,
-        run_id: col(row, 4)?,
-        metadata: EntryMetadata {
-            stop_reason: col(row, 5)?,
-            usage_json: col(row, 6)?,
-            aborted: col(row, 7)?,
-        },
-    })
-}
-
-/// Maps a driver error: trouble worth a retry (connection, server shutdown,
-/// resources, timeouts, serialization) is Unavailable; text PostgreSQL cannot
-/// store (a NUL character) is the caller's; anything else is Internal.
-fn db_error(err: tokio_postgres::Error) -> StoreError {
-    let message = describe(&err);
-    let Some(code) = err.code().map(|c| c.code()) else {
-        let io = std::error::Error::source(&err).is_some_and(|s| s.is::<std::io::Error>());
-        return if err.is_closed() || io {
-            StoreError::Unavailable(message)
-        } else {
-            StoreError::Internal(message)
-        };
-    };
-    match code {
-        "22021" | "22P05" => {
-            StoreError::invalid(format!("a text value cannot be stored: {message}"))
-        }
-        "40001" | "40P01" | "55P03" => StoreError::Unavailable(message),
-        _ if ["08", "53", "57"]
-            .iter()
-            .any(|class| code.starts_with(class)) =>
-        {
-            StoreError::Unavailable(message)
-        }
-        _ => StoreError::Internal(message),
-    }
-}
-
-/// tokio-postgres' Display omits the cause (the server's message).
-fn describe(err: &tokio_postgres::Error) -> String {
-    match std::error::Error::source(err) {
-        Some(cause) => format!("{err}: {cause}"),
-        None => err.to_string(),
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-
-    /// Awaits `$call` and asserts that it failed with `$pattern`.
-    macro_rules! assert_fails {
-        ($call:expr, $pattern:pat) => {{
-            let err = $call.await.unwrap_err();
-            assert!(matches!(err, $pattern), "{err:?}");
-        }};
-    }
-
-    fn url() -> String {
-        std::env::var("CLAWGATE_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-    }
-
-    async fn open(schema: &str) -> PostgresStore {
-        let schema = Some(schema.to_owned());
-        let options = PgOptions {
-            schema,
-            pool_size: 4,
-        };
-        PostgresStore::connect(&url(), options).await.unwrap()
-    }
-
-    /// Runs `body` with a fresh schema name; drops the schema afterwards,
-    /// also when `body` panics.
-    async fn with_schema<F: Future<Output = ()> + Send + 'static>(body: impl FnOnce(String) -> F) {
-        let schema = format!("sstest_pg_{}", Uuid::new_v4().simple());
-        let outcome = tokio::spawn(body(schema.clone())).await;
-        drop_schema(&url(), &schema).await.unwrap();
-        if let Err(err) = outcome {
-            std::panic::resume_unwind(err.into_panic());
-        }
-    }
-
-    fn key(raw: &str) -> SessionKey {
-        SessionKey::parse(raw).unwrap()
-    }
-
-    fn acquire(k: &SessionKey, run_id: &str, expected: Option<&str>) -> AcquireWriter {
-        AcquireWriter {
-            key: k.clone(),
-            expected_session: ExpectedSession::Current,
-            expected_writer: expected.map(str::to_owned),
-            run_id: run_id.to_owned(),
-            mode: AcquireMode::Cas,
-            label: Some(format!("Label of {run_id}")),
-        }
-    }
-
-    fn append(held: &Acquired, contents: &[&str]) -> AppendEntries {
-        let entry = |content: &&str| NewEntry {
-            role: "assistant".to_owned(),
-            content_json: (*content).to_owned(),
-            timestamp_ms: Some(42),
-            metadata: EntryMetadata {
-                stop_reason: Some("end_turn".to_owned()),
-                usage_json: None,
-                aborted: true,
-            },
-        };
-        AppendEntries {
-            key: held.session.key.clone(),
-            session_id: held.session.session_id,
-            run_id: held.session.active_writer_run_id.clone().unwrap(),
-            fence_token: held.fence_token,
-            entries: contents.iter().map(entry).collect(),
-        }
-    }
-
-    fn history(k: &SessionKey, cursor: HistoryCursor, max_chars: Option<u32>) -> HistoryQuery {
-        let (key, limit, session_id) = (k.clone(), 2, None);
-        HistoryQuery {
-            key,
-            limit,
-            cursor,
-            max_chars,
-            session_id,
-        }
-    }
-
-    async fn stored_entries(store: &PostgresStore, id: SessionId) -> i64 {
-        let sql = "SELECT count(*) FROM transcript_entries WHERE session_id = $1::text::uuid";
-        let client = store.client().await.unwrap();
-        client
-            .query_one(sql, &[&id.to_string()])
-            .await
-            .unwrap()
-            .get(0)
-    }
-
-    #[tokio::test]
-    async fn fence_append_history_reset_delete() {
-        with_schema(|schema| async move {
-            let store = open(&schema).await;
-            let k = key("thread:1");
-            let a = store.acquire_writer(acquire(&k, "a", None)).await.unwrap();
-            assert_eq!((a.fence_token, a.session_created), (1, true));
-            assert_fails!(
-                store.acquire_writer(acquire(&k, "b", None)),
-                StoreError::WriterConflict { .. }
-            );
-            let b = store
-                .acquire_writer(acquire(&k, "b", Some("a")))
-                .await
-                .unwrap();
-            assert_eq!(
-                (b.fence_token, b.superseded_run_id.as_deref()),
-                (2, Some("a"))
-            );
-            assert_fails!(
-                store.append(append(&a, &["x"])),
-                StoreError::StaleWriter { .. }
-            );
-
-            let done = store.append(append(&b, &["1", "22", "333"])).await.unwrap();
-            assert_eq!(
-                (done.first_seq, done.last_seq, done.session.entry_count),
-                (1, 3, 3)
-            );
-            let page = store
-                .history(history(&k, HistoryCursor::Latest, None))
-                .await
-                .unwrap();
-            let seqs: Vec<u64> = page.entries.iter().map(|e| e.seq).collect();
-            assert_eq!((seqs, page.has_more, page.total), (vec![2, 3], true, 3));
-            let e = &page.entries[1];
-            assert_eq!(
-                (e.content_json.as_str(), e.timestamp_ms, e.run_id.as_str()),
-                ("333", 42, "b")
-            );
-            assert_eq!(e.metadata.stop_reason.as_deref(), Some("end_turn"));
-            assert!(e.metadata.aborted);
-            let page = store
-                .history(history(&k, HistoryCursor::After(1), Some(3)))
-                .await
-                .unwrap();
-            assert_eq!((page.entries.len(), page.has_more), (1, true));
-            // Text PostgreSQL cannot hold is the caller's error.
-            assert_fails!(
-                store.append(append(&b, &["nul\0"])),
-                StoreError::InvalidArgument(_)
-            );
-
-            let reset = store.reset_session(&k).await.unwrap();
-            assert_eq!(reset.previous_session_id, Some(b.session.session_id));
-            assert_eq!(reset.superseded_run_id.as_deref(), Some("b"));
-            assert_eq!(reset.session.label.as_deref(), Some("Label of a"));
-            assert_fails!(
-                store.append(append(&b, &["x"])),
-                StoreError::SessionReplaced { .. }
-            );
-            let mut old = history(&k, HistoryCursor::Before(3), None);
-            old.session_id = Some(b.session.session_id);
-            let page = store.history(old).await.unwrap();
-            assert_eq!(
-                (page.entries[0].seq, page.total, page.has_more),
-                (1, 3, false)
-            );
-
-            let c = store.acquire_writer(acquire(&k, "c", None)).await.unwrap();
-            assert_eq!(c.fence_token, 3);
-            store.append(append(&c, &["x"])).await.unwrap();
-            let gone = store.delete_session(&k, true).await.unwrap();
-            assert_eq!(
-                (gone.deleted, gone.superseded_run_id.as_deref()),
-                (true, Some("c"))
-            );
-            assert_eq!(stored_entries(&store, c.session.session_id).await, 0);
-            assert_eq!(stored_entries(&store, b.session.session_id).await, 3);
-            assert!(store.get_session(&k).await.unwrap().is_none());
-            let page = store
-                .history(history(&k, HistoryCursor::Latest, None))
-                .await
-                .unwrap();
-            assert!(page.session_id.is_none());
-            assert!(!store.delete_session(&k, true).await.unwrap().deleted);
-            let released = store.release_writer(&k, "c", 3).await.unwrap();
-            assert!(!released.released && released.session.is_none());
-
-            // The fence counter survives the delete and a reconnect.
-            let store = open(&schema).await;
-            let d = store.acquire_writer(acquire(&k, "d", None)).await.unwrap();
-            assert_eq!((d.fence_token, d.session_created), (4, true));
-            let released = store.release_writer(&k, "d", 4).await.unwrap();
-            assert!(released.released);
-            assert_eq!(released.session.unwrap().active_writer_run_id, None);
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn runs_create_update_purge() {
-        with_schema(|schema| async move {
-            let store = open(&schema).await;
-            let k = key("runs");
-            let new = |run_id: &str, fingerprint: &str| NewRun {
-                run_id: run_id.to_owned(),
-                session_key: k.clone(),
-                kind: "agent".to_owned(),
-                fingerprint: fingerprint.to_owned(),
-                status: RunStatus::Accepted,
-                owner: "owner-1".to_owned(),
-                request_json: "{}".to_owned(),
-            };
-            let created = store.create_run(new("r1", "f")).await.unwrap();
-            assert!(created.created);
-            let again = store.create_run(new("r1", "other")).await.unwrap();
-            assert!(!again.created && again.fingerprint_mismatch);
-            assert_eq!(again.record, created.record);
-            store.create_run(new("r2", "f")).await.unwrap();
-
-            store.acquire_writer(acquire(&k, "r1", None)).await.unwrap();
-            let update = |version, status| RunUpdate {
-                run_id: "r1".to_owned(),
-                expected_version: version,
-                status,
-                owner: Some("owner-2".to_owned()),
-                outcome_json: Some("{}".to_owned()),
-                session_id: Some(Uuid::new_v4()),
-                fence_token: Some(u64::MAX),
-            };
-            let stale = update(7, RunStatus::Running);
-            assert_fails!(
-                store.update_run(stale),
-                StoreError::RunVersionConflict { .. }
-            );
-            let running = store
-                .update_run(update(1, RunStatus::Running))
-                .await
-                .unwrap();
-            assert_eq!((running.version, running.fence_token), (2, Some(u64::MAX)));
-            assert!(running.started_at_ms.is_some());
-            assert_eq!(store.get_run("r1").await.unwrap().as_ref(), Some(&running));
-            let active = store.list_active_runs(Some("owner-2")).await.unwrap();
-            assert_eq!(active, vec![running]);
-            assert_eq!(store.list_active_runs(None).await.unwrap().len(), 2);
-
-            let done = store.update_run(update(2, RunStatus::Ok)).await.unwrap();
-            let session = store.get_session(&k).await.unwrap().unwrap();
-            assert_eq!(session.last_run_status, Some(RunStatus::Ok));
-            assert_fails!(
-                store.update_run(update(3, RunStatus::Error)),
-                StoreError::RunTerminal { .. }
-            );
-            let unknown = RunUpdate {
-                run_id: "nope".into(),
-                ..update(1, RunStatus::Ok)
-            };
-            assert_fails!(store.update_run(unknown), StoreError::RunNotFound(_));
-
-            let ended = done.ended_at_ms.unwrap();
-            assert_eq!(store.purge_expired_runs(ended).await.unwrap(), 0);
-            assert_eq!(store.purge_expired_runs(ended + 1).await.unwrap(), 1);
-            assert_eq!(store.get_run("r1").await.unwrap(), None);
-            assert!(store.get_run("r2").await.unwrap().is_some());
-        })
-        .await;
-    }
-
-    #[tokio::test]
-    async fn list_sessions_walks_batches() {
-        with_schema(|schema| async move {
-            let store = open(&schema).await;
-            // More rows than one batch, the matches among the oldest. Each
-            // in a millisecond of its own, so that the newest-first order
-            // the test expects is not left to ties (broken by key).
-            let mut last_ms = 0;
-            for i in 0..LIST_BATCH + 20 {
-                while crate::store::now_ms() == last_ms {
-                    tokio::task::yield_now().await;
-                }
-                let mut req = acquire(&key(&format!("k{i:03}")), "r", None);
-                req.label = (i < 5).then(|| format!("Needle {i}"));
-                store.acquire_writer(req).await.unwrap();
-                last_ms = crate::store::now_ms();
-            }
-            let list = |limit, search: Option<&str>, updated_since_ms| {
-                let search = search.map(str::to_owned);
-                store.list_sessions(ListQuery {
-                    limit,
-                    updated_since_ms,
-                    search,
-                })
-            };
-            let found = list(3, Some("nEEDLE"), None).await.unwrap();
-            let keys: Vec<&str> = found.iter().map(|s| s.key.as_str()).collect();
-            assert_eq!(
-                keys,
-                ["agent:main:k004", "agent:main:k003", "agent:main:k002"]
-            );
-            let all = list(1000, None, None).await.unwrap();
-            assert_eq!(all.len(), LIST_BATCH + 20);
-            let order = |s: &Session| (std::cmp::Reverse(s.updated_at_ms), s.key.clone());
-            assert!(all.windows(2).all(|w| order(&w[0]) < order(&w[1])));
-            let newest = all[0].updated_at_ms;
-            let recent = list(1000, None, Some(newest)).await.unwrap();
-            assert!(!recent.is_empty() && recent.iter().all(|s| s.updated_at_ms == newest));
-            assert!(list(0, None, None).await.unwrap().is_empty());
-        })
-        .await;
-    }
-
-    /// Replicas on one database: they migrate at the same time, exactly one
-    /// of concurrent CAS acquires wins, and concurrent appends get disjoint
-    /// seqs without gaps.
-    #[tokio::test]
-    async fn replicas_race() {
-        with_schema(|schema| async move {
-            let opening = futures::future::join_all((0..4).map(|_| open(&schema))).await;
-            let replicas: Vec<Arc<PostgresStore>> = opening.into_iter().map(Arc::new).collect();
-            let replica = |i: usize| replicas[i % replicas.len()].clone();
-            let k = key("contended");
-            let attempts = (0..16).map(|i| {
-                let (store, req) = (replica(i), acquire(&k, &format!("run-{i}"), None));
-                tokio::spawn(async move { store.acquire_writer(req).await })
-            });
-            let results = futures::future::join_all(attempts).await;
-            let mut winners = results.into_iter().filter_map(|r| r.unwrap().ok());
-            let winner = winners.next().unwrap();
-            assert!(winners.next().is_none());
-            let appends = (0..16).map(|i| {
-                let (store, req) = (replica(i), append(&winner, &["x", "y"]));
-                tokio::spawn(async move { store.append(req).await.unwrap().first_seq })
-            });
-            let mut firsts: Vec<u64> = futures::future::join_all(appends)
-                .await
-                .into_iter()
-                .map(Result::unwrap)
-                .collect();
-            firsts.sort_unstable();
-            assert_eq!(firsts, (0..16).map(|i| 2 * i + 1).collect::<Vec<_>>());
-        })
-        .await;
-    }
-
-    #[test]
-    fn pure_helpers() {
-        let active: Vec<String> = RunStatus::ALL
-            .into_iter()
-            .filter(|s| !s.is_terminal())
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect();
-        assert_eq!(format!("({})", active.join(", ")), active_statuses!());
-        assert!(checked_schema("ok_1").is_ok());
-        assert!(checked_schema("Bad\"").is_err() && checked_schema("").is_err());
-    }
-}
+mod tests;

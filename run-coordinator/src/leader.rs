@@ -1,0 +1,186 @@
+//! Lease ownership (`--ownership lease`): active/standby on one store.
+//!
+//! A standby tries to take every partition each renew interval (free or
+//! expired ones only). Once it holds some, it settles what the earlier owner
+//! left (`recovery.rs`) and serves them. The leader renews its leases each
+//! renew interval. It fences itself before its leases can expire by its own
+//! monotonic clock: a lease granted for `ttl` on a request sent at `t` lasts
+//! at least until `t + ttl` on the store's clock, so this instance stops
+//! acting at `t + ttl - renew_interval`, without waiting for the store's
+//! verdict. Whatever it still sends later is refused by the epoch fence.
+//!
+//! A planned handover (`hand_over`) drains, then releases the leases so
+//! that the standby takes over at its next attempt instead of after the TTL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use session_store_api::model::{AcquireLeases, LeaseGrant, RenewLeases};
+use tokio::time::Instant;
+
+use crate::coordinator::{Coordinator, Inner};
+use crate::executor::sleep_until_some;
+
+impl Inner {
+    fn ttl_ms(&self) -> u64 {
+        self.config.ownership.lease_ttl.as_millis() as u64
+    }
+
+    /// The local deadline of leases granted on a request sent at `sent`.
+    fn fence_deadline(&self, sent: Instant) -> Instant {
+        let ownership = &self.config.ownership;
+        sent + ownership.lease_ttl.saturating_sub(ownership.renew_interval)
+    }
+
+    /// The lease loop: standby until partitions are granted, then leader
+    /// until the tenure ends or `stop` fires (a handover).
+    pub(crate) async fn keep_leases(self: Arc<Self>) {
+        let interval = self.config.ownership.renew_interval;
+        let lost = self.ownership.lost();
+        let stop = self.stop_keeping.clone();
+        let mut deadline: Option<Instant> = None;
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let fence_at = deadline;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = lost.cancelled() => return,
+                () = stop.cancelled() => return,
+                () = sleep_until_some(fence_at) => {
+                    self.fence_expired().await;
+                    return;
+                }
+            }
+            let sent = Instant::now();
+            if !self.ownership.holds_any() {
+                if self.try_take(interval).await {
+                    deadline = Some(self.fence_deadline(sent));
+                }
+                continue;
+            }
+            match tokio::time::timeout(interval, self.renew()).await {
+                Ok(Ok(grant)) if grant.refused.is_empty() => {
+                    deadline = Some(self.fence_deadline(sent));
+                }
+                Ok(Ok(grant)) => {
+                    let lease = &grant.refused[0];
+                    self.ownership.set_leader_hint(Some(lease.address.clone()));
+                    self.ownership.lose(format!(
+                        "the lease of partition {} was refused on renewal (now held by {} at epoch {})",
+                        lease.partition,
+                        lease.owner.as_deref().unwrap_or("nobody"),
+                        lease.epoch
+                    ));
+                    return;
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "lease renewal failed; retrying");
+                }
+                Err(_) => tracing::warn!("lease renewal timed out; retrying"),
+            }
+        }
+    }
+
+    /// A standby's attempt. Returns whether partitions were granted (and
+    /// settled).
+    async fn try_take(self: &Arc<Self>, timeout: Duration) -> bool {
+        let request = AcquireLeases {
+            member: self.ownership.member().to_owned(),
+            address: self.config.ownership.advertise_address.clone(),
+            partitions: Vec::new(),
+            ttl_ms: self.ttl_ms(),
+            steal: false,
+        };
+        let grant = match tokio::time::timeout(timeout, self.store.acquire_leases(request)).await {
+            Ok(Ok(grant)) => grant,
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "taking leases failed; retrying");
+                return false;
+            }
+            Err(_) => return false,
+        };
+        if let Some(owner) = grant.refused.iter().find(|l| l.owner.is_some()) {
+            self.ownership.set_leader_hint(Some(owner.address.clone()));
+        }
+        if grant.granted.is_empty() {
+            return false;
+        }
+        let taken_at = std::time::Instant::now();
+        self.ownership.hold(&grant.granted);
+        self.ownership.set_leader_hint(None);
+        let epochs: Vec<u64> = grant.granted.iter().map(|l| l.epoch).collect();
+        tracing::info!(
+            member = %self.ownership.member(),
+            partitions = grant.granted.len(),
+            max_epoch = epochs.iter().max().copied().unwrap_or_default(),
+            "took the leases; recovering before serving"
+        );
+        // Recovery writes under the new epochs; a failure here leaves runs
+        // for the next attempt, so the tenure ends rather than serving
+        // half-settled partitions.
+        if let Err(err) = self.recover().await {
+            self.ownership
+                .lose(format!("recovery after taking the leases failed: {err}"));
+            return false;
+        }
+        self.metrics.took_leases(taken_at.elapsed());
+        true
+    }
+
+    async fn renew(&self) -> session_store_api::StoreResult<LeaseGrant> {
+        self.store
+            .renew_leases(RenewLeases {
+                member: self.ownership.member().to_owned(),
+                tokens: self.ownership.tokens(),
+                ttl_ms: self.ttl_ms(),
+            })
+            .await
+    }
+
+    /// The local deadline passed without a renewal: stop acting now. One
+    /// last renewal asks the store what happened, for the reason given; its
+    /// answer does not change the decision.
+    async fn fence_expired(&self) {
+        let verdict =
+            match tokio::time::timeout(self.config.ownership.renew_interval, self.renew()).await {
+                Ok(Ok(grant)) => match grant.refused.first() {
+                    Some(lease) => format!(
+                        "taken by {} at epoch {}",
+                        lease.owner.as_deref().unwrap_or("nobody"),
+                        lease.epoch
+                    ),
+                    None => "not taken yet".to_owned(),
+                },
+                Ok(Err(err)) => format!("the store did not answer: {err}"),
+                Err(_) => "the store did not answer in time".to_owned(),
+            };
+        self.ownership.lose(format!(
+            "the leases were not renewed before they could expire ({verdict})"
+        ));
+    }
+}
+
+impl Coordinator {
+    /// A planned handover: stops admitting, lets executing runs finish for
+    /// up to `drain_timeout`, then releases the leases so that another
+    /// coordinator takes the partitions at once. Queued runs stay queued in
+    /// the store and run on the next owner.
+    pub async fn hand_over(&self, drain_timeout: Duration) {
+        let inner = &self.inner;
+        inner.drain(drain_timeout).await;
+        inner.stop_keeping.cancel();
+        let tokens = inner.ownership.tokens();
+        if tokens.is_empty() {
+            return;
+        }
+        let count = tokens.len();
+        match inner.store.release_leases(tokens).await {
+            Ok(released) => {
+                tracing::info!(released = released.len(), of = count, "released the leases")
+            }
+            Err(err) => tracing::warn!(error = %err, "releasing the leases failed; they expire"),
+        }
+        inner.ownership.release_all();
+    }
+}
