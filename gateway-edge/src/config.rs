@@ -21,13 +21,22 @@ pub struct EdgeConfig {
     /// Address the WebSocket (and /healthz, /readyz) server listens on.
     #[arg(long, env = "EDGE_LISTEN", default_value = "127.0.0.1:18789")]
     pub listen: SocketAddr,
-    /// The run coordinator's gRPC address.
+    /// The run coordinator's gRPC address; several, comma-separated, for a
+    /// leader and its standbys (the edge follows the leader).
     #[arg(
         long,
         env = "EDGE_COORDINATOR_ADDRESS",
         default_value = "http://127.0.0.1:50062"
     )]
     pub coordinator_address: String,
+    /// How long a call keeps following the coordinator leader through a
+    /// failover (retrying on UNAVAILABLE) before it fails.
+    #[arg(long, env = "EDGE_COORDINATOR_FAILOVER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub coordinator_failover_timeout: Duration,
+    /// HTTP/2 keepalive interval (and timeout) on coordinator connections: a
+    /// coordinator that stops answering is given up after about twice this.
+    #[arg(long, env = "EDGE_COORDINATOR_KEEPALIVE", default_value = "2s", value_parser = parse_duration)]
+    pub coordinator_keepalive: Duration,
     /// The session store's gRPC address.
     #[arg(
         long,

@@ -2,14 +2,13 @@
 //! backends, the connection registry, the pre-auth budget and the
 //! auth-failure limiter.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
-use clawgate_telemetry::{TracedChannel, traced_channel};
+use clawgate_telemetry::traced_channel;
 use session_store_api::grpc::client::RemoteStore;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -18,30 +17,36 @@ use tonic::transport::Endpoint;
 
 use crate::config::{AuthMode, EdgeConfig};
 use crate::conn::Conn;
+use crate::coordinators::Coordinators;
 use crate::handshake::{ConnectParams, Rejection, auth_failure};
 use crate::metrics::EdgeMetrics;
 
 /// The gRPC services behind the edge.
 #[derive(Clone)]
 pub struct Backends {
-    pub coordinator: RunCoordinatorClient<TracedChannel>,
+    /// The run coordinators (the edge follows their leader).
+    pub coordinator: Arc<Coordinators>,
     pub store: RemoteStore,
 }
 
 impl Backends {
     /// Lazy channels: the edge starts even if its backends are not up yet.
-    pub fn connect_lazy(coordinator: &str, store: &str) -> anyhow::Result<Self> {
-        let channel = |address: &str| -> anyhow::Result<TracedChannel> {
-            let endpoint = Endpoint::from_shared(address.to_owned())?
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(5));
-            Ok(traced_channel(endpoint.connect_lazy(), endpoint.uri()))
-        };
+    /// The coordinator address is one or several, comma-separated; calls
+    /// that meet UNAVAILABLE follow the leader (`coordinators.rs`).
+    pub fn connect_lazy(config: &EdgeConfig) -> anyhow::Result<Self> {
+        let store = config.store_address.as_str();
+        let endpoint = Endpoint::from_shared(store.to_owned())?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5));
+        let store = RemoteStore::new(traced_channel(endpoint.connect_lazy(), endpoint.uri()));
         Ok(Self {
-            coordinator: RunCoordinatorClient::new(channel(coordinator)?)
-                .max_decoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES),
-            store: RemoteStore::new(channel(store)?),
+            coordinator: Arc::new(Coordinators::new(
+                &config.coordinator_address,
+                store.clone(),
+                config.coordinator_failover_timeout,
+                config.coordinator_keepalive,
+            )?),
+            store,
         })
     }
 }
@@ -61,7 +66,15 @@ pub struct Edge {
     /// The coordinator event stream is open (what `/readyz` reports).
     pub fanout_ready: std::sync::atomic::AtomicBool,
     pub metrics: Arc<EdgeMetrics>,
+    /// Runs this edge accepted and has not seen end: after a coordinator
+    /// failover the fanout looks each up (`fanout::settle`), so that a run
+    /// whose end happened out of its sight still reaches clients.
+    pub awaited: Mutex<HashSet<String>>,
 }
+
+/// Most runs `Edge::awaited` remembers; past it the oldest half is not
+/// looked up after a failover (clients can still `agent.wait` them).
+pub const MAX_AWAITED_RUNS: usize = 100_000;
 
 /// Holds one unauthenticated-socket slot of an IP until dropped.
 pub struct PreauthSlot {
@@ -126,7 +139,17 @@ impl Edge {
             device_tokens,
             fanout_ready: std::sync::atomic::AtomicBool::new(false),
             metrics: Arc::default(),
+            awaited: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Remembers an accepted run until its end is seen.
+    pub fn await_run(&self, run_id: &str) {
+        let mut awaited = self.awaited.lock().unwrap();
+        if awaited.len() >= MAX_AWAITED_RUNS {
+            awaited.clear();
+        }
+        awaited.insert(run_id.to_owned());
     }
 
     pub fn next_conn_id(&self) -> u64 {

@@ -3,7 +3,7 @@
 //! after a coordinator restart or a broken stream) and turns every run event
 //! into the protocol's `agent` and `chat` events for its own connections.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,7 +42,15 @@ pub struct Outgoing {
 #[derive(Default)]
 pub struct RunMemory {
     runs: HashMap<String, (String, i64)>,
+    /// Runs whose terminal events were sent from their snapshot after a
+    /// failover (`settle`): a terminal event arriving later for one of them
+    /// is a repeat and is left out.
+    settled: HashSet<String>,
 }
+
+/// Most runs remembered as settled (each is forgotten when its repeat
+/// arrives, or with the memory at the next stream reset).
+const MAX_SETTLED: usize = 10_000;
 
 /// The name of a run status on the wire.
 pub fn status_name(raw: i32) -> &'static str {
@@ -77,6 +85,52 @@ pub fn stop_reason_for(status: &str, stop_reason: Option<&str>) -> String {
 }
 
 impl RunMemory {
+    /// Runs that started and have not ended, as far as this memory knows.
+    pub fn unfinished(&self) -> Vec<String> {
+        self.runs.keys().cloned().collect()
+    }
+
+    /// The protocol events that end a run, from its terminal snapshot: for
+    /// a run whose end this edge did not see (its coordinator went away and
+    /// the new owner settled it, `lost` say). `None` if it is not terminal.
+    pub fn settle(&mut self, snapshot: &pb::RunSnapshot) -> Option<Vec<Outgoing>> {
+        let status = status_name(snapshot.status);
+        if matches!(status, "accepted" | "queued" | "running" | "unknown") {
+            return None;
+        }
+        let phase = match status {
+            "ok" | "aborted" | "timeout" | "superseded" => pb::lifecycle::Phase::End,
+            _ => pb::lifecycle::Phase::Error,
+        };
+        let event = pb::RunEvent {
+            run_id: snapshot.run_id.clone(),
+            session_key: snapshot.session_key.clone(),
+            seq: snapshot.last_seq,
+            stream_seq: 0,
+            epoch: snapshot.epoch.clone(),
+            ts_ms: snapshot
+                .ended_at_ms
+                .unwrap_or_else(session_store_api::store::now_ms),
+            body: Some(pb::run_event::Body::Lifecycle(pb::Lifecycle {
+                phase: phase as i32,
+                status: snapshot.status,
+                stop_reason: snapshot.stop_reason.clone(),
+                error: snapshot.error.clone(),
+            })),
+        };
+        if let Some(entry) = self.runs.get_mut(&snapshot.run_id)
+            && entry.0.is_empty()
+        {
+            entry.0 = snapshot.text.clone();
+        }
+        let outgoing = self.translate(&event);
+        if self.settled.len() >= MAX_SETTLED {
+            self.settled.clear();
+        }
+        self.settled.insert(snapshot.run_id.clone());
+        Some(outgoing)
+    }
+
     /// The protocol events for one run event.
     pub fn translate(&mut self, event: &pb::RunEvent) -> Vec<Outgoing> {
         use pb::run_event::Body;
@@ -115,6 +169,7 @@ impl RunMemory {
                     }))
                 });
             }
+            Some(Body::Lifecycle(_)) if self.settled.remove(run_id) => {}
             Some(Body::Lifecycle(life)) => {
                 let (text, started) = self.runs.remove(run_id).unwrap_or_default();
                 let status = status_name(life.status);
@@ -249,13 +304,22 @@ pub fn deliver_unfiltered(conn: &Conn, outgoing: &[Outgoing]) {
     }
 }
 
-/// Follows the coordinator's event stream forever, reconnecting with backoff.
+/// Follows the coordinator leader's event stream forever, reconnecting with
+/// backoff. A stream that ends or fails moves to the coordinator
+/// `Coordinators::follow_leader` picks. When the stream starts over under
+/// another epoch (a failover, a restart), the runs this edge saw start and
+/// not end are looked up on the coordinator now serving: one that ended
+/// meanwhile (`lost` in a failover, say) reaches clients as its terminal
+/// events rather than as silence.
 pub async fn run(edge: Arc<Edge>) {
     let mut memory = RunMemory::default();
     // Live only at first: clients replay older events with `runs.resume`.
     let mut position: Option<(String, u64)> = None;
     // A new segment each time the stream starts live (a gap may precede it).
     let mut segment = 0u64;
+    // After a reset: the runs to look up once a live stream is open again
+    // (with every awaited run).
+    let mut unsettled: Option<Vec<String>> = None;
     let mut backoff = Duration::from_millis(100);
     loop {
         if position.is_none() {
@@ -267,7 +331,12 @@ pub async fn run(edge: Arc<Edge>) {
             from_seq,
             epoch,
         };
-        let mut client = edge.backends.coordinator.clone();
+        let address = edge.backends.coordinator.current_address();
+        let mut client = edge.backends.coordinator.client();
+        let mut hint = None;
+        // A reset is an answer, not a failure: resubscribe live at once, to
+        // the same coordinator.
+        let mut was_reset = false;
         match client.subscribe(request).await {
             Ok(stream) => {
                 let mut stream = stream.into_inner();
@@ -280,9 +349,24 @@ pub async fn run(edge: Arc<Edge>) {
                         })) => {
                             backoff = Duration::from_millis(100);
                             position = Some((event.epoch.clone(), event.stream_seq));
+                            if is_terminal(&event) {
+                                edge.awaited.lock().unwrap().remove(&event.run_id);
+                            }
                             let outgoing = memory.translate(&event);
                             for conn in edge.connections() {
                                 deliver(&conn, segment, &event, &outgoing);
+                            }
+                        }
+                        Ok(Some(pb::SubscribeResponse {
+                            item: Some(pb::subscribe_response::Item::Subscribed(_)),
+                        })) => {
+                            // Subscribed before looking up: whatever ends
+                            // after the lookup comes through this stream.
+                            if let Some(mut runs) = unsettled.take() {
+                                runs.extend(edge.awaited.lock().unwrap().iter().cloned());
+                                runs.sort_unstable();
+                                runs.dedup();
+                                settle(&edge, &mut client, &mut memory, runs).await;
                             }
                         }
                         Ok(Some(pb::SubscribeResponse {
@@ -290,19 +374,73 @@ pub async fn run(edge: Arc<Edge>) {
                         })) => {
                             tracing::warn!(reason = %reset.reason, epoch = %reset.epoch, "coordinator event stream reset; following live");
                             position = None;
+                            unsettled
+                                .get_or_insert_with(Vec::new)
+                                .extend(memory.unfinished());
                             memory = RunMemory::default();
+                            was_reset = true;
                             break;
                         }
                         Ok(Some(_)) => {}
-                        Ok(None) | Err(_) => break,
+                        Ok(None) => break,
+                        Err(status) => {
+                            hint = crate::coordinators::leader_hint(&status);
+                            break;
+                        }
                     }
                 }
             }
-            Err(status) => tracing::debug!(error = %status, "coordinator event stream unavailable"),
+            Err(status) => {
+                tracing::debug!(error = %status, "coordinator event stream unavailable");
+                hint = crate::coordinators::leader_hint(&status);
+            }
         }
         edge.fanout_ready
             .store(false, std::sync::atomic::Ordering::Relaxed);
+        if was_reset {
+            continue;
+        }
+        edge.backends
+            .coordinator
+            .follow_leader(&address, hint)
+            .await;
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
+}
+
+/// Sends the terminal events of the `runs` that ended where this edge did
+/// not see it, from their snapshots on the coordinator serving now.
+async fn settle(
+    edge: &Arc<Edge>,
+    client: &mut crate::coordinators::CoordinatorClient,
+    memory: &mut RunMemory,
+    runs: Vec<String>,
+) {
+    for run_id in runs {
+        let got = client.get(pb::GetRequest { run_id }).await;
+        let Some(snapshot) = got.ok().and_then(|r| r.into_inner().snapshot) else {
+            continue;
+        };
+        if let Some(outgoing) = memory.settle(&snapshot) {
+            edge.awaited.lock().unwrap().remove(&snapshot.run_id);
+            for conn in edge.connections() {
+                deliver_settled(&conn, &snapshot.run_id, &outgoing);
+            }
+        }
+    }
+}
+
+fn is_terminal(event: &pb::RunEvent) -> bool {
+    matches!(&event.body, Some(pb::run_event::Body::Lifecycle(life))
+        if life.phase != pb::lifecycle::Phase::Start as i32)
+}
+
+/// `deliver` for events made from a snapshot: they belong to no position of
+/// the stream.
+fn deliver_settled(conn: &Conn, run_id: &str, outgoing: &[Outgoing]) {
+    if !conn.can_read() || conn.runs.lock().unwrap().resuming.contains(run_id) {
+        return;
+    }
+    deliver_unfiltered(conn, outgoing);
 }

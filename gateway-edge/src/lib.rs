@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod conn;
+pub mod coordinators;
 pub mod device;
 pub mod edge;
 pub mod fanout;

@@ -125,7 +125,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.check()?;
-    let backends = Backends::connect_lazy(&config.coordinator_address, &config.store_address)?;
+    let backends = Backends::connect_lazy(&config)?;
     let edge = Edge::new(config, backends);
     serve_edge(edge, listener, shutdown).await
 }

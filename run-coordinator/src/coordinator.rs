@@ -251,7 +251,9 @@ impl Inner {
             taken_over = taken_over.len(),
             "took every partition (static ownership)"
         );
-        self.recover().await
+        self.recover().await?;
+        self.ownership.start_serving();
+        Ok(())
     }
 
     /// The owner token of a write to `key`; `None` once the tenure is over

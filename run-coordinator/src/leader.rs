@@ -124,6 +124,7 @@ impl Inner {
                 .lose(format!("recovery after taking the leases failed: {err}"));
             return false;
         }
+        self.ownership.start_serving();
         self.metrics.took_leases(taken_at.elapsed());
         true
     }

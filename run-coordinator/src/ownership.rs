@@ -91,7 +91,8 @@ pub struct Ownership {
     leader_hint: RwLock<Option<String>>,
     lost: CancellationToken,
     lost_reason: Mutex<Option<String>>,
-    /// Whether any partition is held: what gRPC health reports.
+    /// Whether this instance serves: held partitions, settled. What gRPC
+    /// health reports.
     serving: watch::Sender<bool>,
 }
 
@@ -130,9 +131,20 @@ impl Ownership {
                 *slot = Some(lease.epoch);
             }
         }
-        let any = held.iter().any(Option::is_some);
-        drop(held);
+    }
+
+    /// Starts serving the held partitions: called once what an earlier
+    /// owner left in them is settled (recovery), not before, so nobody reads
+    /// a run of theirs half-settled.
+    pub fn start_serving(&self) {
+        let any = self.held.read().unwrap().iter().any(Option::is_some);
         self.serving.send_replace(any && !self.lost.is_cancelled());
+    }
+
+    /// Whether this instance serves: it holds partitions and has settled
+    /// them.
+    pub fn is_serving(&self) -> bool {
+        *self.serving.borrow() && !self.lost.is_cancelled()
     }
 
     /// Forgets every partition after releasing them (a planned handover):
@@ -146,7 +158,7 @@ impl Ownership {
         self.serving.send_replace(false);
     }
 
-    /// Follows whether this instance holds any partition.
+    /// Follows whether this instance serves (see `start_serving`).
     pub fn serving(&self) -> watch::Receiver<bool> {
         self.serving.subscribe()
     }
@@ -231,7 +243,9 @@ impl Ownership {
             if let Some(owner) = current.as_deref() {
                 self.set_leader_hint(Some(owner.address.clone()));
             }
-            self.lose(format!("the store refused a write: {message}"));
+            self.lose(format!(
+                "the store refused a write (STALE_OWNER): {message}"
+            ));
         }
     }
 

@@ -2,7 +2,7 @@
 //! processes ([`cluster`], each started through [`process`]), a client of the
 //! edge's WebSocket protocol ([`client`]), an in-process OTLP trace receiver
 //! ([`receiver`]), the store and the coordinator in this process on port 0
-//! ([`local`]), the services' span contract as checks over received spans
+//! ([`local`]), an agent runtime service counting executions ([`runtime`]), the services' span contract as checks over received spans
 //! ([`contract`]), gRPC server reflection in both versions ([`reflection`]),
 //! and a descriptor-driven gRPC fuzzer every service's tests use
 //! ([`proto_fuzz`]).
@@ -15,6 +15,7 @@ pub mod process;
 pub mod proto_fuzz;
 pub mod receiver;
 pub mod reflection;
+pub mod runtime;
 
 pub use client::EdgeClient;
 pub use cluster::{Cluster, ClusterBuilder, Role};

@@ -181,6 +181,8 @@ pub struct Process {
     pub address: SocketAddr,
     child: Child,
     output: Arc<Mutex<Vec<String>>>,
+    /// The tasks reading its stdout and stderr.
+    collectors: Vec<JoinHandle<()>>,
 }
 
 impl Process {
@@ -202,7 +204,8 @@ impl Process {
         let (announce, announced) = oneshot::channel();
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
-        tokio::spawn(collect(stdout, output.clone(), "", Some((ready, announce))));
+        let stdout_done =
+            tokio::spawn(collect(stdout, output.clone(), "", Some((ready, announce))));
         let stderr_done = tokio::spawn(collect(stderr, output.clone(), "stderr| ", None));
         let args: Vec<_> = command.as_std().get_args().collect();
         let address = match tokio::time::timeout(START_TIMEOUT, announced).await {
@@ -210,6 +213,7 @@ impl Process {
             // Stdout closed without the line: the process is exiting.
             Ok(Err(_)) => {
                 let status = exit_status(&mut child, stderr_done).await;
+                drop(stdout_done);
                 panic!(
                     "{name} exited before announcing its address ({status:?}), args {args:?}:\n{}",
                     output.lock().unwrap().join("\n")
@@ -225,6 +229,7 @@ impl Process {
             address,
             child,
             output,
+            collectors: vec![stdout_done, stderr_done],
         }
     }
 
@@ -247,11 +252,16 @@ impl Process {
         assert!(sent.success(), "kill -{signal} {} failed", self.name);
     }
 
-    /// Waits for the process to exit by itself; panics with its output after
-    /// `timeout`.
+    /// Waits for the process to exit by itself, and for its last output;
+    /// panics with its output after `timeout`.
     pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         match tokio::time::timeout(timeout, self.child.wait()).await {
-            Ok(status) => status.expect("the process is reaped"),
+            Ok(status) => {
+                for collector in self.collectors.drain(..) {
+                    let _ = tokio::time::timeout(timeout, collector).await;
+                }
+                status.expect("the process is reaped")
+            }
             Err(_) => panic!(
                 "{} did not exit within {timeout:?}:\n{}",
                 self.name,
@@ -275,6 +285,16 @@ impl Process {
             fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
         // Linux reports in clock ticks of 1/100 s (USER_HZ).
         Some(std::time::Duration::from_millis(ticks * 10))
+    }
+
+    /// The `address` field of the first line that contains `message` (e.g.
+    /// `serving /metrics`).
+    pub fn logged_address(&self, message: &str) -> Option<SocketAddr> {
+        let output = self.output.lock().unwrap();
+        output
+            .iter()
+            .filter(|line| line.contains(message))
+            .find_map(|line| address_field(line))
     }
 
     /// Every line the process wrote so far (stderr lines prefixed `stderr| `).

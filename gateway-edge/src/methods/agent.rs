@@ -18,7 +18,7 @@ use crate::trace;
 /// The terminal snapshot of a run, waiting as long as it takes (the caller
 /// is an `agent` request waiting for its final response).
 async fn until_terminal(edge: &Arc<Edge>, conn: &Conn, run_id: &str) -> Option<pb::RunSnapshot> {
-    let mut coordinator = edge.backends.coordinator.clone();
+    let coordinator = &edge.backends.coordinator;
     loop {
         let wait = coordinator.wait(pb::WaitRequest {
             run_id: run_id.to_owned(),
@@ -29,7 +29,7 @@ async fn until_terminal(edge: &Arc<Edge>, conn: &Conn, run_id: &str) -> Option<p
             () = conn.outbox.closing.cancelled() => return None,
         };
         match waited {
-            Ok(done) if done.get_ref().terminal => return done.into_inner().snapshot,
+            Ok(done) if done.terminal => return done.snapshot,
             Ok(_) => {}
             Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
         }
@@ -146,16 +146,13 @@ pub(super) async fn agent(
         requester: conn.requester.clone(),
         label: p.string("label").map_err(fail)?.map(str::to_owned),
     };
-    let mut coordinator = edge.backends.coordinator.clone();
-    let done = coordinator
-        .submit(submit)
-        .await
-        .map_err(backend_error)?
-        .into_inner();
+    let coordinator = &edge.backends.coordinator;
+    let done = coordinator.submit(submit).await.map_err(backend_error)?;
     let snapshot = done.snapshot.unwrap_or_default();
     if done.admission == pb::Admission::Completed as i32 {
         return agent_final(&snapshot);
     }
+    edge.await_run(key);
     // First response: accepted. The final one follows on the same id.
     if done.admission == pb::Admission::Accepted as i32 {
         edge.metrics.acked("agent", received);
@@ -184,15 +181,14 @@ pub(super) async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
         .integer("timeoutMs", 0, 24 * 3600 * 1000)
         .map_err(fail)?
         .unwrap_or(30_000);
-    let mut coordinator = edge.backends.coordinator.clone();
+    let coordinator = &edge.backends.coordinator;
     let waited = coordinator
         .wait(pb::WaitRequest {
             run_id: run_id.to_owned(),
             timeout_ms: timeout_ms.max(1),
         })
         .await
-        .map_err(backend_error)?
-        .into_inner();
+        .map_err(backend_error)?;
     let Some(snapshot) = waited.snapshot.filter(|_| waited.terminal) else {
         return Ok(json!({ "runId": run_id, "status": "timeout" }));
     };

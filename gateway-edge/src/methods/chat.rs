@@ -70,23 +70,28 @@ pub(super) async fn chat_send(
         .integer("timeoutMs", 0, 48 * 3600 * 1000)
         .map_err(fail)?
         .unwrap_or(0);
-    let mut coordinator = edge.backends.coordinator.clone();
-    let done = coordinator
-        .submit(pb::SubmitRequest {
-            run_id: key.to_owned(),
-            session_key: session.as_str().to_owned(),
-            kind: "chat".into(),
-            message: message.to_owned(),
-            queue_mode: queue_mode as i32,
-            timeout_ms,
-            options_json: String::new(),
-            requester: conn.requester.clone(),
-            label: None,
-        })
+    let submit = pb::SubmitRequest {
+        run_id: key.to_owned(),
+        session_key: session.as_str().to_owned(),
+        kind: "chat".into(),
+        message: message.to_owned(),
+        queue_mode: queue_mode as i32,
+        timeout_ms,
+        options_json: String::new(),
+        requester: conn.requester.clone(),
+        label: None,
+    };
+    // Same runId on every attempt: a retry after a failover is idempotent.
+    let done = edge
+        .backends
+        .coordinator
+        .submit(submit)
         .await
-        .map_err(backend_error)?
-        .into_inner();
+        .map_err(backend_error)?;
     let snapshot = done.snapshot.unwrap_or_default();
+    if done.admission != pb::Admission::Completed as i32 {
+        edge.await_run(key);
+    }
     match pb::Admission::try_from(done.admission) {
         Ok(pb::Admission::Accepted) => {
             edge.metrics.acked("chat.send", received);
@@ -138,7 +143,7 @@ pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Valu
     if let Some(run_id) = run_id {
         trace::record_run(run_id);
     }
-    let mut coordinator = edge.backends.coordinator.clone();
+    let coordinator = &edge.backends.coordinator;
     let candidates: Vec<pb::RunSnapshot> = match run_id {
         Some(run_id) => {
             let got = coordinator
@@ -147,7 +152,6 @@ pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Valu
                 })
                 .await
                 .map_err(backend_error)?
-                .into_inner()
                 .snapshot;
             match got.filter(is_active) {
                 None => return Ok(json!({ "ok": true, "aborted": false, "runIds": [] })),
@@ -164,7 +168,6 @@ pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Valu
                 })
                 .await
                 .map_err(backend_error)?
-                .into_inner()
                 .runs
         }
     };
@@ -180,8 +183,7 @@ pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Valu
                 requester: conn.requester.clone(),
             })
             .await
-            .map_err(backend_error)?
-            .into_inner();
+            .map_err(backend_error)?;
         if cancelled
             .runs
             .iter()

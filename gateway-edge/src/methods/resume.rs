@@ -40,7 +40,7 @@ pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Val
         .map_err(fail)?
         .unwrap_or_default()
         .to_owned();
-    let mut coordinator = edge.backends.coordinator.clone();
+    let coordinator = &edge.backends.coordinator;
     let mut stream = coordinator
         .subscribe(pb::SubscribeRequest {
             filter: Some(pb::subscribe_request::Filter::RunId(run_id.clone())),
@@ -48,8 +48,7 @@ pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Val
             epoch,
         })
         .await
-        .map_err(backend_error)?
-        .into_inner();
+        .map_err(backend_error)?;
     // The coordinator answers a Subscribe at once: `subscribed`, or a reset.
     let first = match stream.message().await.map_err(backend_error)? {
         Some(pb::SubscribeResponse {

@@ -154,8 +154,7 @@ impl System {
 
     /// Starts an edge; returns its ws:// URL and its state.
     pub async fn edge(&self, config: EdgeConfig) -> (String, Arc<Edge>) {
-        let backends =
-            Backends::connect_lazy(&config.coordinator_address, &config.store_address).unwrap();
+        let backends = Backends::connect_lazy(&config).unwrap();
         let edge = Edge::new(config, backends);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}", listener.local_addr().unwrap());

@@ -70,7 +70,7 @@ impl RunCoordinatorService {
     /// address when known: its memory holds no live run a caller could mean.
     fn owner(&self) -> Result<(), Status> {
         let ownership = self.coordinator.ownership();
-        match ownership.holds_any() {
+        match ownership.is_serving() {
             true => Ok(()),
             false => Err(to_status(ownership.not_serving())),
         }

@@ -40,8 +40,7 @@ impl System {
         .unwrap();
         let (store_url, coordinator_url) = (services.store_url, services.coordinator_url);
         let config = EdgeConfig::with_token(coordinator_url, store_url, TOKEN);
-        let backends =
-            Backends::connect_lazy(&config.coordinator_address, &config.store_address).unwrap();
+        let backends = Backends::connect_lazy(&config).unwrap();
         let edge = Edge::new(config, backends);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("ws://{}", listener.local_addr().unwrap());

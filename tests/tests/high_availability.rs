@@ -1,0 +1,416 @@
+//! Active/standby coordinators on PostgreSQL, as separate processes, with
+//! real signals: one store, a leader and a standby (`--ownership lease`),
+//! one edge given only the first coordinator's address, and clients sending
+//! continuously (a retry reuses its key). Three failovers in a row:
+//!
+//! (a) SIGKILL the leader: the standby takes over after the lease expires;
+//! (b) SIGSTOP the leader past the TTL, then SIGCONT: its late writes are
+//!     refused with STALE_OWNER and it exits non-zero;
+//! (c) SIGTERM the leader (planned): it drains and releases its leases, and
+//!     no run ends `lost`.
+//!
+//! After all: no run executed twice (a counting runtime), every acknowledged
+//! run is terminal, every client saw each of its runs end (a lost run as a
+//! chat error, never silence), and no transcript has interleaved or repeated
+//! turns; runs appear in each session in the order they were sent. The
+//! takeover times are printed (docs/high-availability.md has measured ones).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clawgate_proto::session_store::v1 as store_pb;
+use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
+use clawgate_system_tests::client::OPERATOR_SCOPES;
+use clawgate_system_tests::cluster::{TOKEN, start_coordinator};
+use clawgate_system_tests::process::{Process, binary_path, service_command};
+use clawgate_system_tests::runtime::CountingRuntime;
+use clawgate_system_tests::{EdgeClient, Role};
+use clawgate_telemetry::metrics::{http_request, sample_value};
+use serde_json::json;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(2);
+const RENEW: Duration = Duration::from_millis(400);
+const DEADLINE: Duration = Duration::from_secs(60);
+const SESSIONS: usize = 3;
+
+fn postgres_url() -> String {
+    std::env::var("CLAWGATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+async fn start_store(schema: &str) -> Process {
+    let mut command = service_command(binary_path(Role::Store.binary()));
+    command
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--store", &postgres_url(), "--pg-schema", schema])
+        .env("OTEL_SERVICE_NAME", Role::Store.service_name());
+    Process::start(command, Role::Store.binary(), Role::Store.ready_message()).await
+}
+
+async fn coordinator(store: &Process, runtime: &CountingRuntime) -> Process {
+    let (ttl, renew) = (
+        format!("{}ms", TTL.as_millis()),
+        format!("{}ms", RENEW.as_millis()),
+    );
+    start_coordinator(
+        &store.url(),
+        &[
+            "--ownership",
+            "lease",
+            "--lease-ttl",
+            &ttl,
+            "--lease-renew-interval",
+            &renew,
+            "--runtime",
+            "grpc",
+            "--runtime-address",
+            &runtime.url(),
+            "--drain-timeout",
+            "20s",
+        ],
+    )
+    .await
+}
+
+async fn start_edge(store: &Process, coordinator: &Process) -> Process {
+    let mut command = service_command(binary_path(Role::Edge.binary()));
+    command
+        .args(["--listen", "127.0.0.1:0"])
+        .args(["--coordinator-address", &coordinator.url()])
+        .args(["--store-address", &store.url()])
+        .args(["--auth-mode", "token", "--token", TOKEN])
+        .env("OTEL_SERVICE_NAME", Role::Edge.service_name());
+    Process::start(command, Role::Edge.binary(), Role::Edge.ready_message()).await
+}
+
+/// Whether the coordinator at `process` reports gRPC health SERVING.
+async fn serving(process: &Process) -> bool {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let Ok(channel) = tonic::transport::Endpoint::from_shared(process.url())
+        .unwrap()
+        .connect()
+        .await
+    else {
+        return false;
+    };
+    let mut client = HealthClient::new(channel);
+    let request = HealthCheckRequest {
+        service: "clawgate.run_coordinator.v1.RunCoordinator".into(),
+    };
+    client
+        .check(request)
+        .await
+        .is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32)
+}
+
+/// Polls until `process` serves; returns how long that took from `since`.
+async fn until_serving(process: &Process, since: Instant) -> Duration {
+    let deadline = Instant::now() + DEADLINE;
+    while !serving(process).await {
+        assert!(
+            Instant::now() < deadline,
+            "{} never served:\n{}",
+            process.name,
+            process.output().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    since.elapsed()
+}
+
+/// One run as a client saw it: its id, how it ended (the chat state), and
+/// the test phase it was sent in.
+type SeenRun = (String, String, &'static str);
+
+/// What the clients saw: per session, the runs in the order they were
+/// acknowledged, with how each ended for the client.
+#[derive(Default)]
+struct Seen {
+    runs: Mutex<HashMap<usize, Vec<SeenRun>>>,
+    phase: Mutex<&'static str>,
+}
+
+/// One client per session: sends a run, retries it (same key) until the
+/// edge accepts it, waits for its end, sends the next, until `stop`.
+async fn client(edge_url: String, session: usize, seen: Arc<Seen>, stop: Arc<AtomicBool>) {
+    let mut client = EdgeClient::connect(&edge_url, TOKEN, OPERATOR_SCOPES).await;
+    let session_key = format!("ha-{session}");
+    for i in 0.. {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let run_id = format!("{session_key}-{i}");
+        let phase = *seen.phase.lock().unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        // A retry may find the run already over: the answer then says how
+        // it ended, and no events follow.
+        let ended = loop {
+            let res = client
+                .request(
+                    "chat.send",
+                    json!({ "sessionKey": session_key, "message": format!("turn {i}"), "idempotencyKey": run_id }),
+                )
+                .await;
+            match (res["ok"].as_bool(), res["payload"]["status"].as_str()) {
+                (Some(true), Some("ok")) => break Some("final"),
+                (Some(true), _) => break None,
+                (Some(false), Some("error")) => break Some("error"),
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "{run_id} never accepted: {res}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let state = match ended {
+            Some(state) => state.to_owned(),
+            None => {
+                let end = client.chat_end(&run_id).await;
+                end["payload"]["state"].as_str().unwrap_or("?").to_owned()
+            }
+        };
+        seen.runs
+            .lock()
+            .unwrap()
+            .entry(session)
+            .or_default()
+            .push((run_id, state, phase));
+    }
+}
+
+/// Waits until every client finished `more` runs after now.
+async fn progress(seen: &Seen, more: usize, output: impl Fn() -> String) {
+    let counts = |seen: &Seen| -> Vec<usize> {
+        let runs = seen.runs.lock().unwrap();
+        (0..SESSIONS)
+            .map(|s| runs.get(&s).map_or(0, Vec::len))
+            .collect()
+    };
+    let start = counts(seen);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let now = counts(seen);
+        if now.iter().zip(&start).all(|(n, s)| *n >= s + more) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "clients stalled at {now:?}:\n{}",
+            output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn stale_owner_refusals(store: &Process) -> f64 {
+    let address = store
+        .logged_address("serving /metrics")
+        .expect("the store's metrics");
+    let text = http_request(address, "GET", "/metrics").await.unwrap().body;
+    [
+        "renew_leases",
+        "append",
+        "update_run",
+        "acquire_writer",
+        "release_writer",
+        "create_run",
+    ]
+    .iter()
+    .filter_map(|op| {
+        sample_value(
+            &text,
+            "clawgate_store_stale_owner_refusals_total",
+            &format!("{{operation=\"{op}\"}}"),
+        )
+    })
+    .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failover_loses_nothing_it_acknowledged() {
+    let schema = format!("ha_{}", uuid::Uuid::new_v4().simple());
+    let runtime = CountingRuntime::start(Duration::from_millis(150)).await;
+    let store = start_store(&schema).await;
+    let mut leader = coordinator(&store, &runtime).await;
+    until_serving(&leader, Instant::now()).await;
+    let mut standby = coordinator(&store, &runtime).await;
+    assert!(!serving(&standby).await, "a standby does not serve");
+    let edge = start_edge(&store, &leader).await;
+    clawgate_system_tests::process::until_ready(edge.address, || edge.output().join("\n")).await;
+
+    let seen = Arc::new(Seen::default());
+    *seen.phase.lock().unwrap() = "before";
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..SESSIONS)
+        .map(|s| {
+            tokio::spawn(client(
+                format!("ws://{}", edge.address),
+                s,
+                seen.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    progress(&seen, 2, || edge.output().join("\n")).await;
+
+    // (a) SIGKILL the leader.
+    *seen.phase.lock().unwrap() = "kill";
+    let killed = Instant::now();
+    leader.kill().await;
+    let took = until_serving(&standby, killed).await;
+    println!(
+        "takeover after SIGKILL: {} ms (TTL {} ms, renew {} ms)",
+        took.as_millis(),
+        TTL.as_millis(),
+        RENEW.as_millis()
+    );
+    progress(&seen, 2, || {
+        format!(
+            "{}\n==== new leader ====\n{}",
+            edge.output().join("\n"),
+            standby.output().join("\n")
+        )
+    })
+    .await;
+
+    // (b) SIGSTOP the leader past its TTL; its standby takes over; SIGCONT.
+    *seen.phase.lock().unwrap() = "stop";
+    let mut next = coordinator(&store, &runtime).await;
+    let refused_before = stale_owner_refusals(&store).await;
+    let stopped = Instant::now();
+    standby.signal("STOP");
+    let took = until_serving(&next, stopped).await;
+    println!("takeover after SIGSTOP: {} ms", took.as_millis());
+    progress(&seen, 2, || edge.output().join("\n")).await;
+    standby.signal("CONT");
+    let status = standby.wait_exit(DEADLINE).await;
+    let output = standby.output().join("\n");
+    assert!(
+        !status.success(),
+        "the stopped leader exited cleanly:\n{output}"
+    );
+    assert!(
+        output.contains("STALE_OWNER"),
+        "no STALE_OWNER in:\n{output}"
+    );
+    let refused = stale_owner_refusals(&store).await - refused_before;
+    println!("late writes of the stopped leader refused with STALE_OWNER: {refused}");
+    assert!(
+        refused > 0.0,
+        "the stopped leader's late writes were not refused"
+    );
+
+    // (c) SIGTERM the leader: a planned handover.
+    *seen.phase.lock().unwrap() = "planned";
+    let last = coordinator(&store, &runtime).await;
+    let terminated = Instant::now();
+    next.signal("TERM");
+    let took = until_serving(&last, terminated).await;
+    println!("handover after SIGTERM: {} ms", took.as_millis());
+    let status = next.wait_exit(DEADLINE).await;
+    assert!(
+        status.success(),
+        "a planned handover exits 0:\n{}",
+        next.output().join("\n")
+    );
+    progress(&seen, 2, || edge.output().join("\n")).await;
+
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    // No run executed twice.
+    let executions = runtime.executions();
+    let twice: Vec<_> = executions.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "runs executed more than once: {twice:?}");
+
+    let mut store_client = SessionStoreClient::connect(store.url()).await.unwrap();
+    let runs = seen.runs.lock().unwrap().clone();
+    for (session, acknowledged) in &runs {
+        for (run_id, state, phase) in acknowledged {
+            let record = store_client
+                .get_run(store_pb::GetRunRequest {
+                    run_id: run_id.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .record
+                .unwrap_or_else(|| panic!("acknowledged run {run_id} has no record"));
+            let status = store_pb::RunStatus::try_from(record.status).unwrap();
+            assert!(
+                matches!(status, store_pb::RunStatus::Ok | store_pb::RunStatus::Lost),
+                "{run_id}: {status:?}"
+            );
+            if status == store_pb::RunStatus::Lost {
+                assert_eq!(state, "error", "{run_id} was lost: the client saw {state}");
+                assert_ne!(*phase, "planned", "{run_id} was lost in a planned handover");
+            } else {
+                assert_eq!(state, "final", "{run_id}");
+            }
+        }
+        // The transcript: each run's turns together, once, in send order.
+        let history = store_client
+            .history(store_pb::HistoryRequest {
+                session_key: format!("ha-{session}"),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
+        for entry in &history.entries {
+            match blocks.last_mut() {
+                Some((run, roles)) if *run == entry.run_id => roles.push(entry.role.clone()),
+                _ => blocks.push((entry.run_id.clone(), vec![entry.role.clone()])),
+            }
+        }
+        let order: Vec<&str> = blocks.iter().map(|(r, _)| r.as_str()).collect();
+        let sent: Vec<&str> = acknowledged.iter().map(|(r, ..)| r.as_str()).collect();
+        let mut unique = order.clone();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            order.len(),
+            "a run's turns are split: {order:?}"
+        );
+        assert!(
+            order.iter().all(|r| sent.contains(r)),
+            "a turn of a run nobody sent: {order:?}"
+        );
+        let positions: Vec<usize> = order
+            .iter()
+            .map(|r| sent.iter().position(|s| s == r).unwrap())
+            .collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "turns out of send order: {order:?}"
+        );
+        for (run, roles) in &blocks {
+            assert!(
+                roles == &["user", "assistant"] || roles == &["user"],
+                "{run}: turns {roles:?}"
+            );
+        }
+    }
+    let total: usize = runs.values().map(Vec::len).sum();
+    let lost = runs
+        .values()
+        .flatten()
+        .filter(|(_, s, _)| s == "error")
+        .count();
+    println!(
+        "runs acknowledged: {total}, lost in failovers: {lost}, executions: {}",
+        executions.len()
+    );
+
+    drop((last, edge));
+    session_store::backend::postgres::drop_schema(&postgres_url(), &schema)
+        .await
+        .unwrap();
+}
