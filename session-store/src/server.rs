@@ -9,6 +9,7 @@ use anyhow::Context;
 use clawgate_proto::session_store::v1::session_store_server::SessionStoreServer;
 use clawgate_telemetry::metrics::spawn_metrics_server;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -123,7 +124,11 @@ pub async fn serve_store(
         options.metrics.register(&mut registry);
         spawn_metrics_server(listener, Arc::new(registry))
     });
-    let grpc = SessionStoreServer::new(SessionStoreService::new(store.clone()))
+    // Ends the open WatchLeases streams at shutdown, so that draining does
+    // not wait for watchers that never finish by themselves.
+    let stopping = CancellationToken::new();
+    let service = SessionStoreService::new(store.clone()).with_stopping(stopping.clone());
+    let grpc = SessionStoreServer::new(service)
         .max_decoding_message_size(options.grpc_max_message_bytes)
         .max_encoding_message_size(options.grpc_max_message_bytes);
 
@@ -156,6 +161,7 @@ pub async fn serve_store(
             health
                 .set_not_serving::<SessionStoreServer<SessionStoreService>>()
                 .await;
+            stopping.cancel();
         })
         .await;
     purger.abort();

@@ -127,6 +127,54 @@ async fn until_serving(process: &Process, since: Instant) -> Duration {
 /// the test phase it was sent in.
 type SeenRun = (String, String, &'static str);
 
+/// A standby answers UNAVAILABLE, NOT_OWNER, naming the leader's address.
+async fn assert_redirects_to(standby: &Process, leader: &Process) {
+    use clawgate_proto::run_coordinator::v1 as pb;
+    use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+    let mut client = RunCoordinatorClient::connect(standby.url()).await.unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let refused = client
+            .submit(pb::SubmitRequest {
+                run_id: "to-a-standby".into(),
+                session_key: "main".into(),
+                kind: "chat".into(),
+                message: "hello".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a standby admits nothing");
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+        let detail: pb::CoordinatorErrorDetail = clawgate_proto::status_detail::detail_of(
+            &refused,
+            "type.googleapis.com/clawgate.run_coordinator.v1.CoordinatorErrorDetail",
+        )
+        .expect("a coordinator error detail");
+        assert_eq!(detail.code, pb::ErrorCode::NotOwner as i32);
+        // The hint comes from the standby's first attempt to take over.
+        if detail.leader_address.as_deref() == Some(leader.url().as_str()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no leader hint: {detail:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `runs.resume` of a run of the old leader answers the documented reset:
+/// its event log went with the old leader's epoch.
+async fn assert_resume_resets(edge: &Process) {
+    let url = format!("ws://{}", edge.address);
+    let mut client = EdgeClient::connect(&url, TOKEN, OPERATOR_SCOPES).await;
+    let res = client
+        .request("runs.resume", json!({ "runId": "ha-0-0", "fromSeq": 0 }))
+        .await;
+    assert_eq!(res["ok"], false, "{res}");
+    assert_eq!(
+        res["error"]["details"]["code"], "RESUME_UNAVAILABLE",
+        "{res}"
+    );
+}
+
 /// What the clients saw: per session, the runs in the order they were
 /// acknowledged, with how each ended for the client.
 #[derive(Default)]
@@ -238,6 +286,7 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
     until_serving(&leader, Instant::now()).await;
     let mut standby = coordinator(&store, &runtime).await;
     assert!(!serving(&standby).await, "a standby does not serve");
+    assert_redirects_to(&standby, &leader).await;
     let edge = start_edge(&store, &leader).await;
     clawgate_system_tests::process::until_ready(edge.address, || edge.output().join("\n")).await;
 
@@ -267,6 +316,7 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
         TTL.as_millis(),
         RENEW.as_millis()
     );
+    assert_resume_resets(&edge).await;
     progress(&seen, 2, || {
         format!(
             "{}\n==== new leader ====\n{}",

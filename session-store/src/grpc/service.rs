@@ -6,6 +6,7 @@ use std::time::Duration;
 use clawgate_proto::session_store::v1 as pb;
 use clawgate_proto::session_store::v1::session_store_server::SessionStore as GrpcSessionStore;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::convert::*;
@@ -16,11 +17,21 @@ use crate::store::{SessionStore, now_ms};
 
 pub struct SessionStoreService {
     store: Arc<dyn SessionStore>,
+    stopping: CancellationToken,
 }
 
 impl SessionStoreService {
     pub fn new(store: Arc<dyn SessionStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            stopping: CancellationToken::new(),
+        }
+    }
+
+    /// Open WatchLeases streams end when `stopping` fires (server shutdown).
+    pub fn with_stopping(mut self, stopping: CancellationToken) -> Self {
+        self.stopping = stopping;
+        self
     }
 }
 
@@ -307,6 +318,7 @@ impl GrpcSessionStore for SessionStoreService {
         let first = self.store.list_leases().await.map_err(to_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let store = self.store.clone();
+        let stopping = self.stopping.clone();
         tokio::spawn(async move {
             // Polling, not a notification: with PostgreSQL other store
             // replicas write the same table, so only reading it sees all.
@@ -321,6 +333,7 @@ impl GrpcSessionStore for SessionStoreService {
                 tokio::select! {
                     _ = tick.tick() => {}
                     () = tx.closed() => return,
+                    () = stopping.cancelled() => return,
                 }
                 let item = match store.list_leases().await {
                     Ok(table) if table.leases == last => continue,
