@@ -1,11 +1,17 @@
 //! Partition ownership on PostgreSQL.
 //!
-//! Every write of a coordinator locks its partition's lease row `FOR SHARE`
-//! in its own transaction, first, and checks the owner token on what it read
-//! (`rules::ownership::check_owner`). A take locks the rows `FOR UPDATE`: it
-//! waits for every in-flight write of the tenure it ends to commit or roll
-//! back, and every write that locks after it sees the new epoch. Share locks
-//! do not conflict, so writes to one partition still run side by side.
+//! Every write of a coordinator locks its partition's lease row
+//! `FOR KEY SHARE` in its own transaction, first, and checks the owner token
+//! on what it read (`rules::ownership::check_owner`). A take locks the rows
+//! `FOR UPDATE`, which conflicts with that: it waits for every in-flight write
+//! of the tenure it ends to commit or roll back, and every write that locks
+//! after it sees the new epoch. Key-share locks do not conflict with each
+//! other, so writes to one partition run side by side; nor with the
+//! `FOR NO KEY UPDATE` of a renewal or a release, which change no epoch (a
+//! release is followed by a take, which waits for the writes).
+//!
+//! `FOR KEY SHARE` rather than `FOR SHARE`: it is the weakest lock that a
+//! `FOR UPDATE` waits for, so renewals never queue behind writes.
 //!
 //! Lock order: lease row(s), in partition order, before any run or session
 //! row. A write locks one lease row only; takes, renewals and releases lock
@@ -35,8 +41,13 @@ macro_rules! select_leases {
     };
 }
 
-const SHARE_LEASE: &str = select_leases!("WHERE partition = $1 FOR SHARE");
-const LOCK_LEASES: &str = select_leases!("WHERE partition = ANY($1) ORDER BY partition FOR UPDATE");
+const SHARE_LEASE: &str = select_leases!("WHERE partition = $1 FOR KEY SHARE");
+/// A take: waits for the writes of the tenures it ends.
+pub(super) const LOCK_FOR_TAKE: &str =
+    select_leases!("WHERE partition = ANY($1) ORDER BY partition FOR UPDATE");
+/// A renewal or a release: same epoch, so no need to wait for writes.
+pub(super) const LOCK_FOR_RENEW: &str =
+    select_leases!("WHERE partition = ANY($1) ORDER BY partition FOR NO KEY UPDATE");
 const LIST_LEASES: &str = select_leases!("ORDER BY partition");
 const UPDATE_LEASES: &str = "UPDATE partition_leases AS l SET owner = u.owner, \
     address = u.address, epoch = u.epoch, expires_at_ms = u.expires_at_ms \
@@ -90,7 +101,7 @@ fn lease_from_row(row: &Row) -> StoreResult<(Lease, i64)> {
 }
 
 /// The owner check of a write to `key`, in the write's transaction: locks the
-/// partition's lease row `FOR SHARE` until that transaction ends.
+/// partition's lease row `FOR KEY SHARE` until that transaction ends.
 pub(super) async fn check_owner(
     tx: &Transaction<'_>,
     key: &SessionKey,
@@ -106,16 +117,18 @@ pub(super) async fn check_owner(
     ownership::check_owner(token, partition, &lease)
 }
 
-/// Locks the leases of `partitions` (in order), applies `rule` to each, and
-/// writes back the ones it changed. Returns each lease after the rule, with
-/// whether the rule granted it, and the database's clock.
+/// Locks the leases of `partitions` (in order) with `lock` (`LOCK_FOR_*`),
+/// applies `rule` to each, and writes back the ones it changed. Returns each
+/// lease after the rule, with whether the rule granted it, and the
+/// database's clock.
 pub(super) async fn apply(
     tx: &Transaction<'_>,
+    lock: &str,
     partitions: &[u32],
     mut rule: impl FnMut(&mut Lease, i64) -> bool,
 ) -> StoreResult<LeaseGrant> {
     let wanted: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
-    let rows = fetch(tx, LOCK_LEASES, &[&wanted]).await?;
+    let rows = fetch(tx, lock, &[&wanted]).await?;
     if rows.len() != wanted.len() {
         return Err(StoreError::internal("a partition has no lease row"));
     }

@@ -9,8 +9,8 @@
 //! always finds a row to lock.
 //!
 //! Partition ownership (`leases`): a coordinator's write first locks its
-//! partition's lease row `FOR SHARE` and checks its owner token there, in the
-//! same transaction as the write.
+//! partition's lease row `FOR KEY SHARE` and checks its owner token there, in
+//! the same transaction as the write.
 //!
 //! Lock order: a lease row first (coordinator writes), then for UpdateRun its
 //! run row and then the session row. Nothing locks a session row and then a
@@ -532,7 +532,7 @@ impl SessionStore for PostgresStore {
         let targets = ownership::acquire_targets(&req, self.partitions)?;
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
-        let grant = leases::apply(&tx, &targets, |lease, now| {
+        let grant = leases::apply(&tx, leases::LOCK_FOR_TAKE, &targets, |lease, now| {
             ownership::take(lease, &req, now)
         })
         .await?;
@@ -548,7 +548,7 @@ impl SessionStore for PostgresStore {
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
         let mut next = tokens.iter();
-        let grant = leases::apply(&tx, &partitions, |lease, now| {
+        let grant = leases::apply(&tx, leases::LOCK_FOR_RENEW, &partitions, |lease, now| {
             let token = next.next().expect("one token per locked row");
             ownership::renew(lease, token, req.ttl_ms, now)
         })
@@ -564,7 +564,7 @@ impl SessionStore for PostgresStore {
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
         let mut next = tokens.iter();
-        let grant = leases::apply(&tx, &partitions, |lease, now| {
+        let grant = leases::apply(&tx, leases::LOCK_FOR_RENEW, &partitions, |lease, now| {
             let token = next.next().expect("one token per locked row");
             ownership::release(lease, token, now)
         })
