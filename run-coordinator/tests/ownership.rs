@@ -1,0 +1,164 @@
+//! Ownership in process, on one memory store: a second static coordinator
+//! ends the first one's tenure at its next write; in lease mode a standby
+//! refuses with NOT_OWNER and the leader's address, and a planned handover
+//! moves the queued runs to it, where they run once, in order.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Recording, eventually};
+use run_coordinator::config::CoordinatorConfig;
+use run_coordinator::coordinator::Coordinator;
+use run_coordinator::error::CoordinatorError;
+use run_coordinator::model::{QueueMode, RunSpec, RunStatus, SubmitRequest};
+use run_coordinator::ownership::{OwnershipConfig, OwnershipMode};
+use session_store::SessionKey;
+use session_store::SessionStore;
+use session_store::backend::memory::MemoryStore;
+
+fn request(run_id: &str, session: &str) -> SubmitRequest {
+    SubmitRequest {
+        run_id: run_id.into(),
+        session_key: SessionKey::parse(session).unwrap(),
+        spec: RunSpec {
+            kind: "chat".into(),
+            message: format!("message of {run_id}"),
+            queue_mode: QueueMode::Enqueue,
+            timeout_ms: None,
+            options: serde_json::json!({}),
+            requester: String::new(),
+            label: None,
+        },
+    }
+}
+
+fn config(mode: OwnershipMode, address: &str) -> CoordinatorConfig {
+    CoordinatorConfig {
+        ownership: OwnershipConfig {
+            mode,
+            advertise_address: address.into(),
+            lease_ttl: Duration::from_millis(600),
+            renew_interval: Duration::from_millis(100),
+        },
+        ..CoordinatorConfig::default()
+    }
+}
+
+async fn status(store: &dyn SessionStore, run_id: &str) -> Option<RunStatus> {
+    store.get_run(run_id).await.unwrap().map(|r| r.status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_static_coordinator_ends_the_first_ones_tenure() {
+    let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+    let runtime = Recording::echo(1, 1);
+    let first = Coordinator::start(
+        store.clone(),
+        runtime.clone(),
+        config(OwnershipMode::Static, "http://first"),
+    )
+    .await
+    .unwrap();
+    first.submit(request("r1", "main")).await.unwrap();
+    eventually("r1 ran", || runtime.count("r1") == 1).await;
+
+    let second = Coordinator::start(
+        store.clone(),
+        runtime.clone(),
+        config(OwnershipMode::Static, "http://second"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !first.ownership().lost().is_cancelled(),
+        "nothing written yet"
+    );
+    // The first one's next write is refused: it answers NOT_OWNER with the
+    // new owner's address, and its tenure is over.
+    let refused = first.submit(request("r2", "main")).await.unwrap_err();
+    match &refused {
+        CoordinatorError::NotOwner { leader, .. } => {
+            assert_eq!(leader.as_deref(), Some("http://second"));
+        }
+        other => panic!("expected NOT_OWNER, got {other:?}"),
+    }
+    assert!(first.ownership().lost().is_cancelled());
+    assert!(
+        first
+            .ownership()
+            .lost_reason()
+            .unwrap()
+            .contains("STALE_OWNER")
+    );
+    assert!(
+        status(&*store, "r2").await.is_none(),
+        "nothing of r2 was written"
+    );
+    second.submit(request("r2", "main")).await.unwrap();
+    eventually("r2 ran on the second", || runtime.count("r2") == 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_handover_moves_queued_runs_to_the_standby() {
+    let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+    // Each run takes ~4 × 50 ms, so a lane of three is still queued at the
+    // handover.
+    let runtime = Recording::echo(50, 4);
+    let leader = Coordinator::start(
+        store.clone(),
+        runtime.clone(),
+        config(OwnershipMode::Lease, "http://leader"),
+    )
+    .await
+    .unwrap();
+    eventually("the leader serves", || leader.ownership().is_serving()).await;
+    let standby = Coordinator::start(
+        store.clone(),
+        runtime.clone(),
+        config(OwnershipMode::Lease, "http://standby"),
+    )
+    .await
+    .unwrap();
+    // The standby admits nothing and names the leader (once its first
+    // attempt to take over has seen the leader's lease).
+    eventually("the standby knows the leader", || {
+        matches!(
+            standby.ownership().not_serving(),
+            CoordinatorError::NotOwner { leader: Some(ref l), .. } if l == "http://leader"
+        )
+    })
+    .await;
+    let refused = standby.submit(request("nope", "main")).await.unwrap_err();
+    assert!(
+        matches!(refused, CoordinatorError::NotOwner { .. }),
+        "{refused:?}"
+    );
+
+    for id in ["q1", "q2", "q3"] {
+        leader.submit(request(id, "lane")).await.unwrap();
+    }
+    eventually("q1 runs", || runtime.count("q1") == 1).await;
+    // SIGTERM: drain (q1 finishes), release; q2 and q3 move to the standby.
+    leader.hand_over(Duration::from_secs(30)).await;
+    assert_eq!(status(&*store, "q1").await, Some(RunStatus::Ok));
+    eventually("the standby serves", || standby.ownership().is_serving()).await;
+    for id in ["q2", "q3"] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while status(&*store, id).await != Some(RunStatus::Ok) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{id} never finished"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let executions = runtime.executions();
+    let order: Vec<&str> = executions.iter().map(|e| e.run_id.as_str()).collect();
+    assert_eq!(order, ["q1", "q2", "q3"], "each ran once, in lane order");
+    assert!(
+        !leader.ownership().lost().is_cancelled(),
+        "a handover is not a loss"
+    );
+}
