@@ -2,7 +2,8 @@
 //! `impl Inner` block each: `admission.rs` (one decision per key), `lanes.rs`
 //! (session lanes and the global cap), `control.rs` (wait, cancel, drain),
 //! `terminal.rs` (the shared terminal path), `executor.rs` (one run's
-//! execution) and `recovery.rs` (after a restart).
+//! execution), `recovery.rs` (after taking partitions) and `leader.rs`
+//! (lease ownership).
 //!
 //! Locks: `Inner::state` (lanes, the run table) may be held while taking a
 //! run's own lock, never the other way round, and neither is held across an

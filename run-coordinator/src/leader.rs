@@ -82,8 +82,8 @@ impl Inner {
         }
     }
 
-    /// A standby's attempt. Returns whether partitions were granted (and
-    /// settled).
+    /// A standby's attempt. Returns whether partitions were granted; they
+    /// are served once recovery has settled them.
     async fn try_take(self: &Arc<Self>, timeout: Duration) -> bool {
         let request = AcquireLeases {
             member: self.ownership.member().to_owned(),
@@ -116,16 +116,22 @@ impl Inner {
             max_epoch = epochs.iter().max().copied().unwrap_or_default(),
             "took the leases; recovering before serving"
         );
-        // Recovery writes under the new epochs; a failure here leaves runs
-        // for the next attempt, so the tenure ends rather than serving
-        // half-settled partitions.
-        if let Err(err) = self.recover().await {
-            self.ownership
-                .lose(format!("recovery after taking the leases failed: {err}"));
-            return false;
-        }
-        self.ownership.start_serving();
-        self.metrics.took_leases(taken_at.elapsed());
+        // Recovery runs beside the lease loop, which keeps renewing: however
+        // long it takes, the leases do not lapse under it. It writes under
+        // the new epochs; a failure ends the tenure rather than serving
+        // half-settled partitions (the next owner settles them).
+        let inner = self.clone();
+        tokio::spawn(async move {
+            match inner.recover().await {
+                Ok(()) => {
+                    inner.ownership.start_serving();
+                    inner.metrics.took_leases(taken_at.elapsed());
+                }
+                Err(err) => inner
+                    .ownership
+                    .lose(format!("recovery after taking the leases failed: {err}")),
+            }
+        });
         true
     }
 

@@ -4,7 +4,10 @@
 //!
 //! `coordinator` (state and API), `admission`, `lanes`, `control` (cancel,
 //! wait, drain), `terminal` (the shared terminal path),
-//! `executor` (one run's execution), `recovery` (after a restart), `events`
+//! `executor` (one run's execution), `recovery` (settling what an earlier
+//! owner left), `ownership` (the partitions held and the owner tokens writes
+//! carry), `fenced_store` (the store as seen through the ownership fence),
+//! `leader` (lease mode: standby, renewal, self-fence, handover), `events`
 //! (run event logs), `runtime` (echo, OpenAI-compatible, external gRPC),
 //! `grpc` (the tonic adapter), `server` (`serve(config, listener, shutdown)`),
 //! `metrics` (Prometheus).
