@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::peer::Cidr;
 use clap::{Args, FromArgMatches, ValueEnum};
 use clawgate_common::{limits, parse_duration};
 
@@ -90,6 +91,16 @@ pub struct EdgeConfig {
     /// Most open WebSocket connections.
     #[arg(long, env = "EDGE_MAX_CONNECTIONS", default_value_t = 20_000)]
     pub max_connections: usize,
+    /// Proxies (CIDRs, comma-separated) whose `Forwarded` / `X-Forwarded-For`
+    /// headers name the client for the per-IP limits; empty: headers are
+    /// ignored and the socket's peer is the client.
+    #[arg(long, env = "EDGE_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<Cidr>,
+    /// Browser origins (`scheme://host[:port]`, comma-separated, or `*`)
+    /// allowed to open a socket besides the edge's own origin; a socket
+    /// without an Origin header (CLI, TUI, services) is always allowed.
+    #[arg(long, env = "EDGE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
 }
 
 impl EdgeConfig {

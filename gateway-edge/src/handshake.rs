@@ -319,6 +319,17 @@ pub fn check_role(params: &ConnectParams) -> Result<(), Rejection> {
     }
 }
 
+/// A browser Origin the edge does not allow (`--allowed-origins`).
+pub fn origin_refused(origin: &str) -> Rejection {
+    let shown: String = origin.chars().take(80).collect();
+    Rejection::policy(
+        ErrorShape::invalid(format!(
+            "origin not allowed (open the Control UI from the gateway host or allow it in EDGE_ALLOWED_ORIGINS): {shown}"
+        ))
+        .with_details(json!({ "code": "CONTROL_UI_ORIGIN_NOT_ALLOWED" })),
+    )
+}
+
 /// An auth failure in the protocol's words.
 pub fn auth_failure(code: &'static str, reason: &str, message: &str, next_step: &str) -> Rejection {
     Rejection::policy(ErrorShape::invalid(message).with_details(json!({

@@ -21,6 +21,7 @@ pub mod identity;
 pub mod methods;
 pub mod metrics;
 pub mod params;
+pub mod peer;
 pub mod preauth_io;
 pub mod scopes;
 pub mod server;

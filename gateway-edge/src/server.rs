@@ -79,7 +79,22 @@ async fn route(
             "Too many connections",
         ));
     }
-    let Some(slot) = edge.take_preauth_slot(peer.ip()) else {
+    let headers = req.headers();
+    let client = crate::peer::client_ip(peer.ip(), headers, &edge.config.trusted_proxies);
+    let origin = headers
+        .get(hyper::header::ORIGIN)
+        .map(|o| String::from_utf8_lossy(o.as_bytes()).into_owned());
+    let host = headers
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let origin_allowed =
+        crate::peer::origin_allowed(origin.as_deref(), host, &edge.config.allowed_origins);
+    let peer = crate::socket::Peer {
+        socket: peer,
+        ip: client,
+        origin: origin.filter(|_| !origin_allowed),
+    };
+    let Some(slot) = edge.take_preauth_slot(peer.ip) else {
         return Ok(plain(
             StatusCode::SERVICE_UNAVAILABLE,
             "Too many unauthenticated sockets",
@@ -103,7 +118,9 @@ async fn route(
                 let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
                 crate::socket::run(edge, socket, peer, slot, guard).await;
             }
-            Err(err) => tracing::debug!(%peer, error = %err, "websocket upgrade failed"),
+            Err(err) => {
+                tracing::debug!(peer = %peer.socket, error = %err, "websocket upgrade failed")
+            }
         }
     });
     let mut response = plain(StatusCode::SWITCHING_PROTOCOLS, "");

@@ -3,7 +3,7 @@
 //! its own short task, so answers go out as they finish), writes the outbox,
 //! sends ticks, and obeys close orders.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -81,10 +81,21 @@ fn incoming(message: Option<Result<Message, tokio_tungstenite::tungstenite::Erro
     }
 }
 
+/// Where a socket comes from, as the upgrade request told.
+pub struct Peer {
+    /// The socket's peer address.
+    pub socket: SocketAddr,
+    /// The client's address (the peer, or behind a trusted proxy the
+    /// address it forwards for): what per-IP limits count.
+    pub ip: IpAddr,
+    /// A browser Origin that is not allowed: the handshake refuses it.
+    pub origin: Option<String>,
+}
+
 pub async fn run(
     edge: Arc<Edge>,
     mut socket: Socket,
-    peer: SocketAddr,
+    peer: Peer,
     slot: PreauthSlot,
     guard: Arc<PreauthGuard>,
 ) {
@@ -137,7 +148,7 @@ pub async fn run(
             return;
         }
     };
-    let (conn, reader) = match accept_connect(&edge, &request, &nonce, peer) {
+    let (conn, reader) = match accept_connect(&edge, &request, &nonce, &peer) {
         Ok((conn, reader, hello)) => {
             // Registered before hello-ok leaves, so every run event from the
             // moment the client learns it is connected reaches it; events
@@ -169,7 +180,7 @@ fn accept_connect(
     edge: &Arc<Edge>,
     request: &frames::Request,
     nonce: &str,
-    peer: SocketAddr,
+    peer: &Peer,
 ) -> Result<(Arc<Conn>, OutboxReader, Value), Rejection> {
     if request.method != "connect" {
         return Err(Rejection::policy(ErrorShape::invalid(
@@ -179,7 +190,10 @@ fn accept_connect(
     let params = handshake::parse_connect(&request.params)?;
     let protocol = handshake::negotiate(&params)?;
     handshake::check_role(&params)?;
-    let auth_method = edge.authenticate(&params, peer.ip())?;
+    if let Some(origin) = &peer.origin {
+        return Err(handshake::origin_refused(origin));
+    }
+    let auth_method = edge.authenticate(&params, peer.ip)?;
     let device = crate::identity::verify(edge, &params, nonce)?;
     let scopes = handshake::effective_scopes(&params, device.is_some());
     let conn_id = uuid::Uuid::new_v4().to_string();

@@ -204,6 +204,34 @@ impl Client {
         }
     }
 
+    /// Like `open`, with extra headers on the upgrade request; the HTTP
+    /// status when the edge refuses the upgrade.
+    pub async fn open_with_headers(url: &str, headers: &[(&str, &str)]) -> Result<Self, u16> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = url.into_client_request().unwrap();
+        for (name, value) in headers {
+            request.headers_mut().insert(
+                tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes())
+                    .unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        match tokio_tungstenite::connect_async(request).await {
+            Ok((ws, _)) => Ok(Self {
+                ws,
+                received: Vec::new(),
+                closed: None,
+                next_id: 0,
+                scanned: 0,
+                taken: Default::default(),
+            }),
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                Err(response.status().as_u16())
+            }
+            Err(other) => panic!("upgrade failed: {other}"),
+        }
+    }
+
     /// Like `open`, with a tiny receive buffer, so that a client that stops
     /// reading backs the edge up quickly (slow-consumer tests).
     pub async fn open_small_buffer(url: &str) -> Self {
