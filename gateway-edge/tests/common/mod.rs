@@ -190,10 +190,8 @@ pub struct Client {
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
 impl Client {
-    pub async fn open(url: &str) -> Self {
-        let (ws, _) = tokio_tungstenite::connect_async(url)
-            .await
-            .expect("websocket connect");
+    /// A client over an opened socket.
+    fn over(ws: Ws) -> Self {
         Self {
             ws,
             received: Vec::new(),
@@ -202,6 +200,13 @@ impl Client {
             scanned: 0,
             taken: Default::default(),
         }
+    }
+
+    pub async fn open(url: &str) -> Self {
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("websocket connect");
+        Self::over(ws)
     }
 
     /// Like `open`, with extra headers on the upgrade request; the HTTP
@@ -217,14 +222,7 @@ impl Client {
             );
         }
         match tokio_tungstenite::connect_async(request).await {
-            Ok((ws, _)) => Ok(Self {
-                ws,
-                received: Vec::new(),
-                closed: None,
-                next_id: 0,
-                scanned: 0,
-                taken: Default::default(),
-            }),
+            Ok((ws, _)) => Ok(Self::over(ws)),
             Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
                 Err(response.status().as_u16())
             }
@@ -242,14 +240,7 @@ impl Client {
         let (ws, _) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
             .await
             .unwrap();
-        Self {
-            ws,
-            received: Vec::new(),
-            closed: None,
-            next_id: 0,
-            scanned: 0,
-            taken: Default::default(),
-        }
+        Self::over(ws)
     }
 
     /// The handshake on an opened socket.
