@@ -10,6 +10,7 @@
 pub mod client;
 pub mod cluster;
 pub mod contract;
+pub mod kube;
 pub mod local;
 pub mod process;
 pub mod proto_fuzz;

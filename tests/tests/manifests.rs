@@ -3,87 +3,16 @@
 //! `kubernetes-validate`, installed from PyPI into the test's cache on first
 //! use, pinned); a deliberately broken manifest is refused by the same check.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::path::Path;
 
-const VALIDATOR: &str = "kubernetes-validate==1.31.0";
-const KUBERNETES: &str = "1.31.0";
+use clawgate_system_tests::kube::{self, render, repo};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+fn cache() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
 }
 
-/// The validator's install directory, installed there when missing (once
-/// per test process).
-fn validator() -> PathBuf {
-    static INSTALLED: OnceLock<PathBuf> = OnceLock::new();
-    INSTALLED.get_or_init(install).clone()
-}
-
-fn install() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kubernetes-validate-1.31.0");
-    if !dir.join("kubernetes_validate").is_dir() {
-        let staging = dir.with_extension(format!("partial-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&staging);
-        let installed = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(["--no-warn-script-location", "--target"])
-            .arg(&staging)
-            .arg(VALIDATOR)
-            .status()
-            .expect("python3 runs (pip installs the validator)");
-        assert!(installed.success(), "pip could not install {VALIDATOR}");
-        // Renamed into place whole, so a concurrent or interrupted install
-        // never leaves half a package behind.
-        let _ = std::fs::rename(&staging, &dir);
-    }
-    dir
-}
-
-/// Validates `file`; `Err` with the validator's report when it refuses.
 fn validate(file: &Path) -> Result<(), String> {
-    let out = Command::new("python3")
-        .args([
-            "-m",
-            "kubernetes_validate",
-            "--strict",
-            "--quiet",
-            "-k",
-            KUBERNETES,
-        ])
-        .arg(file)
-        .env("PYTHONPATH", validator())
-        .output()
-        .expect("python3 runs");
-    match out.status.success() {
-        true => Ok(()),
-        false => Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )),
-    }
-}
-
-fn render(overlay: &str) -> String {
-    let out = Command::new("kubectl")
-        .args(["kustomize"])
-        .arg(repo().join("deploy/k8s/overlays").join(overlay))
-        .output()
-        .expect("kubectl runs (kubectl kustomize renders the overlays)");
-    assert!(
-        out.status.success(),
-        "{overlay} does not render: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    kube::validate(cache(), file)
 }
 
 #[test]

@@ -51,6 +51,25 @@ const DEFAULT_TRACE_FILTER: &str =
 /// Targets of spans and events meant for traces only.
 const TRACE_ONLY_TARGET: &str = "otel";
 
+/// The environment variables `init` reads, besides the `OTEL_BSP_*` batch
+/// settings ([`ENV_PREFIXES`]): what a deployment may set on any service.
+pub const ENV_VARS: &[&str] = &[
+    "RUST_LOG",
+    "LOG_FORMAT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "CLAWGATE_TRACE_FILTER",
+];
+
+/// Prefixes of the variable families `init` reads.
+pub const ENV_PREFIXES: &[&str] = &["OTEL_BSP_"];
+
 /// Log output format (`LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
