@@ -6,11 +6,8 @@
 //! context leaves `target/` out.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use clawgate_system_tests::kube::repo;
 
 /// The binaries of the workspace, from `cargo metadata`.
 fn workspace_binaries() -> BTreeSet<String> {
