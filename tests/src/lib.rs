@@ -7,9 +7,11 @@
 //! and a descriptor-driven gRPC fuzzer every service's tests use
 //! ([`proto_fuzz`]).
 
+pub mod balancer;
 pub mod client;
 pub mod cluster;
 pub mod contract;
+pub mod ha;
 pub mod kube;
 pub mod local;
 pub mod process;

@@ -22,110 +22,27 @@ use std::time::Duration;
 
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
+use clawgate_system_tests::EdgeClient;
 use clawgate_system_tests::client::OPERATOR_SCOPES;
-use clawgate_system_tests::cluster::{TOKEN, start_coordinator};
-use clawgate_system_tests::process::{Process, binary_path, service_command};
+use clawgate_system_tests::cluster::TOKEN;
+use clawgate_system_tests::ha::{
+    self, RENEW, TTL, lease_coordinator, postgres_url, serving, stale_owner_refusals,
+};
+use clawgate_system_tests::process::Process;
 use clawgate_system_tests::runtime::CountingRuntime;
-use clawgate_system_tests::{EdgeClient, Role};
-use clawgate_telemetry::metrics::{http_request, sample_value};
 use serde_json::json;
 use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_secs(2);
-const RENEW: Duration = Duration::from_millis(400);
 const DEADLINE: Duration = Duration::from_secs(60);
 const SESSIONS: usize = 3;
 
-fn postgres_url() -> String {
-    std::env::var("CLAWGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-async fn start_store(schema: &str) -> Process {
-    let mut command = service_command(binary_path(Role::Store.binary()));
-    command
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        .args(["--store", &postgres_url(), "--pg-schema", schema])
-        .env("OTEL_SERVICE_NAME", Role::Store.service_name());
-    Process::start(command, Role::Store.binary(), Role::Store.ready_message()).await
-}
-
 async fn coordinator(store: &Process, runtime: &CountingRuntime) -> Process {
-    let (ttl, renew) = (
-        format!("{}ms", TTL.as_millis()),
-        format!("{}ms", RENEW.as_millis()),
-    );
-    start_coordinator(
-        &store.url(),
-        &[
-            "--ownership",
-            "lease",
-            "--lease-ttl",
-            &ttl,
-            "--lease-renew-interval",
-            &renew,
-            "--runtime",
-            "grpc",
-            "--runtime-address",
-            &runtime.url(),
-            "--drain-timeout",
-            "20s",
-        ],
-    )
-    .await
+    lease_coordinator(&store.url(), &runtime.url()).await
 }
 
-async fn start_edge(store: &Process, coordinator: &Process) -> Process {
-    let mut command = service_command(binary_path(Role::Edge.binary()));
-    command
-        .args(["--listen", "127.0.0.1:0"])
-        .args(["--coordinator-address", &coordinator.url()])
-        .args(["--store-address", &store.url()])
-        .args(["--auth-mode", "token", "--token", TOKEN])
-        .env("OTEL_SERVICE_NAME", Role::Edge.service_name());
-    Process::start(command, Role::Edge.binary(), Role::Edge.ready_message()).await
-}
-
-/// Whether the coordinator at `process` reports gRPC health SERVING.
-async fn serving(process: &Process) -> bool {
-    use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    let Ok(channel) = tonic::transport::Endpoint::from_shared(process.url())
-        .unwrap()
-        .connect()
-        .await
-    else {
-        return false;
-    };
-    let mut client = HealthClient::new(channel);
-    let request = HealthCheckRequest {
-        service: "clawgate.run_coordinator.v1.RunCoordinator".into(),
-    };
-    client
-        .check(request)
-        .await
-        .is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32)
-}
-
-/// Polls until `process` serves; returns how long that took from `since`.
 async fn until_serving(process: &Process, since: Instant) -> Duration {
-    let deadline = Instant::now() + DEADLINE;
-    while !serving(process).await {
-        assert!(
-            Instant::now() < deadline,
-            "{} never served:\n{}",
-            process.name,
-            process.output().join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    since.elapsed()
+    ha::until_serving(process, since, DEADLINE).await
 }
-
-/// One run as a client saw it: its id, how it ended (the chat state), and
-/// the test phase it was sent in.
-type SeenRun = (String, String, &'static str);
 
 /// A standby answers UNAVAILABLE, NOT_OWNER, naming the leader's address.
 async fn assert_redirects_to(standby: &Process, leader: &Process) {
@@ -174,6 +91,10 @@ async fn assert_resume_resets(edge: &Process) {
         "{res}"
     );
 }
+
+/// One run as a client saw it: its id, how it ended (the chat state), and
+/// the test phase it was sent in.
+type SeenRun = (String, String, &'static str);
 
 /// What the clients saw: per session, the runs in the order they were
 /// acknowledged, with how each ended for the client.
@@ -253,41 +174,17 @@ async fn progress(seen: &Seen, more: usize, output: impl Fn() -> String) {
     }
 }
 
-async fn stale_owner_refusals(store: &Process) -> f64 {
-    let address = store
-        .logged_address("serving /metrics")
-        .expect("the store's metrics");
-    let text = http_request(address, "GET", "/metrics").await.unwrap().body;
-    [
-        "renew_leases",
-        "append",
-        "update_run",
-        "acquire_writer",
-        "release_writer",
-        "create_run",
-    ]
-    .iter()
-    .filter_map(|op| {
-        sample_value(
-            &text,
-            "clawgate_store_stale_owner_refusals_total",
-            &format!("{{operation=\"{op}\"}}"),
-        )
-    })
-    .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_failover_loses_nothing_it_acknowledged() {
     let schema = format!("ha_{}", uuid::Uuid::new_v4().simple());
     let runtime = CountingRuntime::start(Duration::from_millis(150)).await;
-    let store = start_store(&schema).await;
+    let store = ha::start_pg_store(&schema).await;
     let mut leader = coordinator(&store, &runtime).await;
     until_serving(&leader, Instant::now()).await;
     let mut standby = coordinator(&store, &runtime).await;
     assert!(!serving(&standby).await, "a standby does not serve");
     assert_redirects_to(&standby, &leader).await;
-    let edge = start_edge(&store, &leader).await;
+    let edge = ha::start_edge(&store.url(), &leader.url()).await;
     clawgate_system_tests::process::until_ready(edge.address, || edge.output().join("\n")).await;
 
     let seen = Arc::new(Seen::default());
