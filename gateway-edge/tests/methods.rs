@@ -27,7 +27,12 @@ async fn agent_two_phase_and_chat_send_lifecycle() {
         last["payload"]["result"]["payloads"][0]["text"],
         "Say hello"
     );
-    // Events arrived with a per-connection seq from 1, and chat delta/final.
+    // Events arrive with a per-connection seq from 1, and chat delta/final.
+    // The final response comes from Wait, the events from the event stream:
+    // the response may overtake the last events, so wait for them.
+    client
+        .event(|f| f["event"] == "chat" && f["payload"]["state"] == "final")
+        .await;
     let seqs: Vec<u64> = client
         .received
         .iter()
