@@ -23,3 +23,11 @@ pub mod runtime;
 pub use client::EdgeClient;
 pub use cluster::{Cluster, ClusterBuilder, Role};
 pub use receiver::{AttrValue, ExportedSpan, SpanKind, Spans, TraceReceiver};
+
+/// Prints a figure a test measured, past the test harness's output capture
+/// (which takes `println!`), so that it shows in every run's log, `.ci/run`'s
+/// included.
+pub fn report(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}

@@ -207,12 +207,12 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
     let killed = Instant::now();
     leader.kill().await;
     let took = until_serving(&standby, killed).await;
-    println!(
+    clawgate_system_tests::report(&format!(
         "takeover after SIGKILL: {} ms (TTL {} ms, renew {} ms)",
         took.as_millis(),
         TTL.as_millis(),
         RENEW.as_millis()
-    );
+    ));
     assert_resume_resets(&edge).await;
     progress(&seen, 2, || {
         format!(
@@ -230,7 +230,7 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
     let stopped = Instant::now();
     standby.signal("STOP");
     let took = until_serving(&next, stopped).await;
-    println!("takeover after SIGSTOP: {} ms", took.as_millis());
+    clawgate_system_tests::report(&format!("takeover after SIGSTOP: {} ms", took.as_millis()));
     progress(&seen, 2, || edge.output().join("\n")).await;
     standby.signal("CONT");
     let status = standby.wait_exit(DEADLINE).await;
@@ -244,7 +244,9 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
         "no STALE_OWNER in:\n{output}"
     );
     let refused = stale_owner_refusals(&store).await - refused_before;
-    println!("late writes of the stopped leader refused with STALE_OWNER: {refused}");
+    clawgate_system_tests::report(&format!(
+        "late writes of the stopped leader refused with STALE_OWNER: {refused}"
+    ));
     assert!(
         refused > 0.0,
         "the stopped leader's late writes were not refused"
@@ -256,7 +258,7 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
     let terminated = Instant::now();
     next.signal("TERM");
     let took = until_serving(&last, terminated).await;
-    println!("handover after SIGTERM: {} ms", took.as_millis());
+    clawgate_system_tests::report(&format!("handover after SIGTERM: {} ms", took.as_millis()));
     let status = next.wait_exit(DEADLINE).await;
     assert!(
         status.success(),
@@ -351,10 +353,10 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
         .flatten()
         .filter(|(_, s, _)| s == "error")
         .count();
-    println!(
+    clawgate_system_tests::report(&format!(
         "runs acknowledged: {total}, lost in failovers: {lost}, executions: {}",
         executions.len()
-    );
+    ));
 
     drop((last, edge));
     session_store::backend::postgres::drop_schema(&postgres_url(), &schema)

@@ -178,10 +178,10 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
     edge_a = ha::start_edge(&store.url(), &coordinators).await;
     *urls[0].lock().unwrap() = format!("ws://{}", edge_a.address);
     progress(&seen, &sessions, 2, output).await;
-    println!(
+    clawgate_system_tests::report(&format!(
         "edge killed and restarted: every client 2 runs further after {} ms",
         killed.elapsed().as_millis()
-    );
+    ));
 
     // The coordinator leader is rolled: SIGTERM (a planned handover), then
     // the replacement starts as the new standby.
@@ -195,19 +195,19 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
     );
     let _replacement = lease_coordinator(&store.url(), &runtime.url()).await;
     progress(&seen, &sessions, 2, output).await;
-    println!(
+    clawgate_system_tests::report(&format!(
         "leader rolled: the standby served after {} ms",
         took.as_millis()
-    );
+    ));
 
     // One store replica is killed; the balancer sends everything to the other.
     let lost_store = Instant::now();
     store_a.kill().await;
     progress(&seen, &sessions, 2, output).await;
-    println!(
+    clawgate_system_tests::report(&format!(
         "store replica killed: every client 2 runs further after {} ms",
         lost_store.elapsed().as_millis()
-    );
+    ));
 
     stop.store(true, Ordering::Relaxed);
     for client in clients {
@@ -249,10 +249,10 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
         *by_status.entry(format!("{status:?}")).or_default() += 1;
     }
     let total: usize = seen.values().map(Vec::len).sum();
-    println!(
+    clawgate_system_tests::report(&format!(
         "runs acknowledged: {total}, by status: {by_status:?}, executions: {}",
         executions.len()
-    );
+    ));
     drop((edge_a, edge_b, standby, store_b));
     session_store::backend::postgres::drop_schema(&postgres_url(), &schema)
         .await
