@@ -119,7 +119,12 @@ pub async fn serve_coordinator(
     .max_encoding_message_size(options.grpc_max_message_bytes);
     let (health, health_service) = tonic_health::server::health_reporter();
     let ownership = coordinator.ownership().clone();
-    let follow_health = tokio::spawn(follow_ownership(health.clone(), ownership.serving()));
+    // The first status is set before the server accepts a call, so health
+    // never answers "not registered"; the task follows the changes.
+    let mut serving = ownership.serving();
+    let first = *serving.borrow_and_update();
+    set_health(&health, first).await;
+    let follow_health = tokio::spawn(follow_ownership(health.clone(), serving));
     let (reflection, reflection_v1alpha) = clawgate_common::reflection_services(&[
         <RunCoordinatorServer<RunCoordinatorService> as NamedService>::NAME,
     ])
@@ -169,19 +174,20 @@ async fn follow_ownership(
     health: tonic_health::server::HealthReporter,
     mut serving: tokio::sync::watch::Receiver<bool>,
 ) {
-    loop {
+    while serving.changed().await.is_ok() {
         let now = *serving.borrow_and_update();
-        if now {
-            health
-                .set_serving::<RunCoordinatorServer<RunCoordinatorService>>()
-                .await;
-        } else {
-            health
-                .set_not_serving::<RunCoordinatorServer<RunCoordinatorService>>()
-                .await;
-        }
-        if serving.changed().await.is_err() {
-            return;
-        }
+        set_health(&health, now).await;
+    }
+}
+
+async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {
+    if serving {
+        health
+            .set_serving::<RunCoordinatorServer<RunCoordinatorService>>()
+            .await;
+    } else {
+        health
+            .set_not_serving::<RunCoordinatorServer<RunCoordinatorService>>()
+            .await;
     }
 }
