@@ -240,16 +240,11 @@ impl Inner {
             })
             .await?;
         self.ownership.hold(&grant.granted);
-        let taken_over: Vec<_> = grant
-            .granted
-            .iter()
-            .filter(|l| l.epoch > 1)
-            .map(|l| l.epoch)
-            .collect();
+        let taken_over = grant.granted.iter().filter(|l| l.epoch > 1).count();
         tracing::info!(
             member = %self.ownership.member(),
             partitions = grant.granted.len(),
-            taken_over = taken_over.len(),
+            taken_over,
             "took every partition (static ownership)"
         );
         self.recover().await?;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clawgate_telemetry::metrics::{http_request, sample_value};
 use tokio::time::Instant;
 
+use crate::EdgeClient;
 use crate::cluster::{Role, TOKEN, start_coordinator};
 use crate::process::{Process, binary_path, service_command};
 
@@ -125,4 +126,48 @@ pub async fn stale_owner_refusals(store: &Process) -> f64 {
         )
     })
     .sum()
+}
+
+/// One attempt at a chat run through the edge: sends `chat.send` (the key
+/// is `run_id`, so a retry is idempotent) and, once accepted, waits for the
+/// run's end. `Some(state)`: how it ended (the chat state; a retry may find
+/// it already over, and the answer then says so). `None`: not accepted yet.
+pub async fn chat_run(client: &mut EdgeClient, session: &str, run_id: &str) -> Option<String> {
+    let params = serde_json::json!({
+        "sessionKey": session, "message": format!("turn {run_id}"), "idempotencyKey": run_id,
+    });
+    let res = client.request("chat.send", params).await;
+    match (res["ok"].as_bool(), res["payload"]["status"].as_str()) {
+        (Some(true), Some("ok")) => Some("final".to_owned()),
+        (Some(true), _) => {
+            let end = client.chat_end(run_id).await;
+            Some(end["payload"]["state"].as_str().unwrap_or("?").to_owned())
+        }
+        (Some(false), Some("error")) => Some("error".to_owned()),
+        _ => None,
+    }
+}
+
+/// Waits until every count `counts` reports grew by `more`; panics with
+/// `output()` after `deadline`.
+pub async fn until_progress(
+    counts: impl Fn() -> Vec<usize>,
+    more: usize,
+    deadline: Duration,
+    output: impl Fn() -> String,
+) {
+    let start = counts();
+    let until = Instant::now() + deadline;
+    loop {
+        let now = counts();
+        if now.iter().zip(&start).all(|(n, s)| *n >= s + more) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "clients stalled at {now:?}:\n{}",
+            output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -116,30 +116,12 @@ async fn client(edge_url: String, session: usize, seen: Arc<Seen>, stop: Arc<Ato
         let run_id = format!("{session_key}-{i}");
         let phase = *seen.phase.lock().unwrap();
         let deadline = Instant::now() + DEADLINE;
-        // A retry may find the run already over: the answer then says how
-        // it ended, and no events follow.
-        let ended = loop {
-            let res = client
-                .request(
-                    "chat.send",
-                    json!({ "sessionKey": session_key, "message": format!("turn {i}"), "idempotencyKey": run_id }),
-                )
-                .await;
-            match (res["ok"].as_bool(), res["payload"]["status"].as_str()) {
-                (Some(true), Some("ok")) => break Some("final"),
-                (Some(true), _) => break None,
-                (Some(false), Some("error")) => break Some("error"),
-                _ => {}
+        let state = loop {
+            if let Some(state) = ha::chat_run(&mut client, &session_key, &run_id).await {
+                break state;
             }
-            assert!(Instant::now() < deadline, "{run_id} never accepted: {res}");
+            assert!(Instant::now() < deadline, "{run_id} never accepted");
             tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let state = match ended {
-            Some(state) => state.to_owned(),
-            None => {
-                let end = client.chat_end(&run_id).await;
-                end["payload"]["state"].as_str().unwrap_or("?").to_owned()
-            }
         };
         seen.runs
             .lock()
@@ -152,26 +134,13 @@ async fn client(edge_url: String, session: usize, seen: Arc<Seen>, stop: Arc<Ato
 
 /// Waits until every client finished `more` runs after now.
 async fn progress(seen: &Seen, more: usize, output: impl Fn() -> String) {
-    let counts = |seen: &Seen| -> Vec<usize> {
+    let counts = || -> Vec<usize> {
         let runs = seen.runs.lock().unwrap();
         (0..SESSIONS)
             .map(|s| runs.get(&s).map_or(0, Vec::len))
             .collect()
     };
-    let start = counts(seen);
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let now = counts(seen);
-        if now.iter().zip(&start).all(|(n, s)| *n >= s + more) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "clients stalled at {now:?}:\n{}",
-            output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ha::until_progress(counts, more, DEADLINE, output).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

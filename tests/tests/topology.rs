@@ -25,7 +25,6 @@ use clawgate_system_tests::cluster::TOKEN;
 use clawgate_system_tests::ha::{self, lease_coordinator, postgres_url};
 use clawgate_system_tests::process::{http_ok, until_ready};
 use clawgate_system_tests::runtime::CountingRuntime;
-use serde_json::json;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -38,25 +37,14 @@ type EdgeUrl = Arc<Mutex<String>>;
 /// Runs acknowledged per client, in order: (runId, how it ended).
 type Seen = Arc<Mutex<BTreeMap<String, Vec<(String, String)>>>>;
 
-/// One attempt at a run on `client`: `Some(state)` once it ended (the chat
-/// state), `None` when the edge did not accept it yet. Panics (and so ends
-/// its task) when the edge goes away.
+/// One attempt at a run on `client` (see `ha::chat_run`); panics, and so
+/// ends its task, when the edge goes away.
 async fn attempt(
     mut client: EdgeClient,
     session: String,
     run_id: String,
 ) -> (EdgeClient, Option<String>) {
-    let params = json!({ "sessionKey": session, "message": format!("turn {run_id}"), "idempotencyKey": run_id });
-    let res = client.request("chat.send", params).await;
-    let state = match (res["ok"].as_bool(), res["payload"]["status"].as_str()) {
-        (Some(true), Some("ok")) => Some("final".to_owned()),
-        (Some(true), _) => {
-            let end = client.chat_end(&run_id).await;
-            Some(end["payload"]["state"].as_str().unwrap_or("?").to_owned())
-        }
-        (Some(false), Some("error")) => Some("error".to_owned()),
-        _ => None,
-    };
+    let state = ha::chat_run(&mut client, &session, &run_id).await;
     (client, state)
 }
 
@@ -106,27 +94,14 @@ async fn client(edge: EdgeUrl, session: String, seen: Seen, stop: Arc<AtomicBool
 
 /// Waits until every client finished `more` runs after now.
 async fn progress(seen: &Seen, sessions: &[String], more: usize, output: impl Fn() -> String) {
-    let counts = |seen: &Seen| -> Vec<usize> {
+    let counts = || -> Vec<usize> {
         let seen = seen.lock().unwrap();
         sessions
             .iter()
             .map(|s| seen.get(s).map_or(0, Vec::len))
             .collect()
     };
-    let start = counts(seen);
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let now = counts(seen);
-        if now.iter().zip(&start).all(|(n, s)| *n >= s + more) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "clients stalled at {now:?}:\n{}",
-            output()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ha::until_progress(counts, more, DEADLINE, output).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

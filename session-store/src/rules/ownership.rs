@@ -51,7 +51,7 @@ pub fn check_owner(
             token.partition
         )));
     }
-    if lease.epoch == token.epoch && lease.owner.as_deref() == Some(token.member.as_str()) {
+    if holds(lease, token) {
         return Ok(());
     }
     Err(stale(
