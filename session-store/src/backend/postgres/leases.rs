@@ -27,10 +27,8 @@ use crate::key::SessionKey;
 use crate::model::{Lease, LeaseGrant, OwnerToken};
 use crate::rules::ownership;
 
-/// The database's clock in Unix milliseconds: lease expiry is decided by one
-/// clock, whichever replica asks.
-const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
+// Every lease query also reads the database's clock in Unix milliseconds:
+// lease expiry is decided by one clock, whichever replica asks.
 macro_rules! select_leases {
     ($tail:literal) => {
         concat!(
@@ -170,16 +168,15 @@ async fn write(tx: &Transaction<'_>, leases: &[Lease]) -> StoreResult<()> {
 /// Every lease, in partition order, and the database's clock.
 pub(super) async fn list(c: &impl GenericClient) -> StoreResult<(Vec<Lease>, i64)> {
     let rows = fetch(c, LIST_LEASES, &[]).await?;
-    let mut now_ms = 0;
+    let mut now_ms = None;
     let mut leases = Vec::with_capacity(rows.len());
     for row in &rows {
         let (lease, now) = lease_from_row(row)?;
-        now_ms = now;
+        now_ms.get_or_insert(now);
         leases.push(lease);
     }
-    if rows.is_empty() {
-        let row = fetch_opt(c, &format!("SELECT {DB_NOW_MS}"), &[]).await?;
-        now_ms = row.map(|r| col(&r, 0)).transpose()?.unwrap_or_default();
-    }
+    // `settle_partitions` created a row per partition at start, and a store
+    // has at least one.
+    let now_ms = now_ms.ok_or_else(|| StoreError::internal("no lease rows"))?;
     Ok((leases, now_ms))
 }
