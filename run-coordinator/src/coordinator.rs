@@ -191,6 +191,11 @@ impl Coordinator {
         self.inner.cancel(target).await
     }
 
+    /// The agent runtime runs execute through.
+    pub fn runtime(&self) -> &Arc<dyn AgentRuntime> {
+        &self.inner.runtime
+    }
+
     /// Unfinished runs, oldest first.
     pub fn list_active(&self, session: Option<&SessionKey>) -> Vec<RunSnapshot> {
         self.inner.list_active(session)

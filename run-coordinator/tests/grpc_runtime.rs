@@ -496,6 +496,22 @@ async fn the_echo_runtime_works_as_an_external_service() {
 }
 
 #[tokio::test]
+async fn models_cross_the_wire_and_an_old_runtime_offers_none() {
+    let echo = Arc::new(EchoRuntime::new(EchoConfig::default()));
+    let server = start(serve_runtime(echo.clone())).await;
+    let client = client_for(&server).await;
+    let catalog = client.models().await.unwrap();
+    assert_eq!(catalog, echo.models().await.unwrap());
+    assert_eq!(catalog.default_model.as_deref(), Some("echo"));
+    assert_eq!(catalog.models[0].provider, "clawgate");
+
+    // A runtime written before ListModels answers UNIMPLEMENTED.
+    let old = start(AgentRuntimeServer::new(StubbornService::default())).await;
+    let catalog = client_for(&old).await.models().await.unwrap();
+    assert!(catalog.models.is_empty() && catalog.default_model.is_none());
+}
+
+#[tokio::test]
 async fn the_cancel_rpc_stops_a_running_execution() {
     let runtime = Arc::new(ForeverRuntime::default());
     let server = start(serve_runtime(runtime.clone())).await;
@@ -567,6 +583,13 @@ struct StubbornService {
 
 #[async_trait]
 impl agent_runtime_server::AgentRuntime for StubbornService {
+    async fn list_models(
+        &self,
+        _request: tonic::Request<pb::ListModelsRequest>,
+    ) -> Result<tonic::Response<pb::ListModelsResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("ListModels"))
+    }
+
     type ExecuteStream = BoxStream<'static, Result<pb::RuntimeEvent, tonic::Status>>;
 
     async fn execute(
@@ -688,6 +711,13 @@ struct HangingService {
 
 #[async_trait]
 impl agent_runtime_server::AgentRuntime for HangingService {
+    async fn list_models(
+        &self,
+        _request: tonic::Request<pb::ListModelsRequest>,
+    ) -> Result<tonic::Response<pb::ListModelsResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("ListModels"))
+    }
+
     type ExecuteStream = BoxStream<'static, Result<pb::RuntimeEvent, tonic::Status>>;
 
     async fn execute(

@@ -68,6 +68,15 @@ impl AgentRuntime for Service {
     ) -> Result<tonic::Response<pb::CancelResponse>, tonic::Status> {
         Ok(tonic::Response::new(pb::CancelResponse { cancelled: true }))
     }
+
+    /// As a runtime written against the contract before `ListModels`
+    /// existed answers: the coordinator then offers no model by name.
+    async fn list_models(
+        &self,
+        _request: tonic::Request<pb::ListModelsRequest>,
+    ) -> Result<tonic::Response<pb::ListModelsResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("ListModels"))
+    }
 }
 
 impl CountingRuntime {

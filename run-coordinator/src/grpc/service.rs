@@ -214,4 +214,21 @@ impl GrpcRunCoordinator for RunCoordinatorService {
             runs: runs.into_iter().map(snapshot_to_pb).collect(),
         }))
     }
+
+    async fn describe_runtime(
+        &self,
+        _request: Request<pb::DescribeRuntimeRequest>,
+    ) -> GrpcResult<pb::DescribeRuntimeResponse> {
+        let runtime = self.coordinator.runtime();
+        let catalog = runtime
+            .models()
+            .await
+            .map_err(|e| Status::unavailable(format!("agent runtime: {e}")))?;
+        let catalog = crate::runtime::grpc::catalog_to_pb(catalog);
+        Ok(Response::new(pb::DescribeRuntimeResponse {
+            runtime: runtime.name().to_owned(),
+            models: catalog.models,
+            default_model: catalog.default_model,
+        }))
+    }
 }

@@ -15,7 +15,8 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AgentRuntime, ErrorKind, RuntimeError, RuntimeEvent, RuntimeRequest, RuntimeStream, Usage,
+    AgentRuntime, ErrorKind, ModelCatalog, ModelInfo, RuntimeError, RuntimeEvent, RuntimeRequest,
+    RuntimeStream, Usage,
 };
 
 #[derive(Debug, Clone)]
@@ -136,6 +137,20 @@ fn plan(request: &RuntimeRequest, options: &EchoOptions, chunks: usize) -> Vec<S
 impl AgentRuntime for EchoRuntime {
     fn name(&self) -> &'static str {
         "echo"
+    }
+
+    async fn models(&self) -> Result<ModelCatalog, RuntimeError> {
+        Ok(ModelCatalog {
+            models: vec![ModelInfo {
+                id: "echo".into(),
+                name: "Echo".into(),
+                provider: "clawgate".into(),
+                context_window: None,
+                reasoning: false,
+                input: vec!["text".into()],
+            }],
+            default_model: Some("echo".into()),
+        })
     }
 
     async fn execute(

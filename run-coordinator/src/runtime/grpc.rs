@@ -29,8 +29,8 @@ use tonic::transport::Endpoint;
 use tonic::{Code, Status, Streaming};
 
 use super::{
-    AgentRuntime, ErrorKind, HistoryMessage, RuntimeError, RuntimeEvent, RuntimeRequest,
-    RuntimeStream, Usage,
+    AgentRuntime, ErrorKind, HistoryMessage, ModelCatalog, ModelInfo, RuntimeError, RuntimeEvent,
+    RuntimeRequest, RuntimeStream, Usage,
 };
 
 /// Largest message either side accepts (requests carry the history).
@@ -168,6 +168,56 @@ impl AgentRuntime for GrpcRuntime {
             done: done.disarm(),
         };
         Ok(futures::stream::unfold(call, Call::next).fuse().boxed())
+    }
+
+    /// The runtime's `ListModels`; one that does not implement it offers
+    /// none by name.
+    async fn models(&self) -> Result<ModelCatalog, RuntimeError> {
+        let mut call = tonic::Request::new(pb::ListModelsRequest {});
+        call.set_timeout(CANCEL_TIMEOUT);
+        match self.client.clone().list_models(call).await {
+            Ok(response) => Ok(catalog_from_pb(response.into_inner())),
+            Err(status) if status.code() == Code::Unimplemented => Ok(ModelCatalog::default()),
+            Err(status) => Err(status_to_error(&self.address, &status)),
+        }
+    }
+}
+
+fn catalog_from_pb(response: pb::ListModelsResponse) -> ModelCatalog {
+    ModelCatalog {
+        models: response
+            .models
+            .into_iter()
+            .map(|m| ModelInfo {
+                id: m.id,
+                name: m.name,
+                provider: m.provider,
+                context_window: (m.context_window > 0).then_some(m.context_window),
+                reasoning: m.reasoning,
+                input: m.input,
+            })
+            .collect(),
+        default_model: Some(response.default_model).filter(|m| !m.is_empty()),
+    }
+}
+
+/// A catalog in the contract's words (also what the coordinator answers
+/// `DescribeRuntime` with).
+pub fn catalog_to_pb(catalog: ModelCatalog) -> pb::ListModelsResponse {
+    pb::ListModelsResponse {
+        models: catalog
+            .models
+            .into_iter()
+            .map(|m| pb::Model {
+                id: m.id,
+                name: m.name,
+                provider: m.provider,
+                context_window: m.context_window.unwrap_or(0),
+                reasoning: m.reasoning,
+                input: m.input,
+            })
+            .collect(),
+        default_model: catalog.default_model.unwrap_or_default(),
     }
 }
 
@@ -614,6 +664,18 @@ impl<R: AgentRuntime + ?Sized> agent_runtime_server::AgentRuntime for RuntimeSer
             }
         };
         Ok(tonic::Response::new(stream))
+    }
+
+    async fn list_models(
+        &self,
+        _request: tonic::Request<pb::ListModelsRequest>,
+    ) -> Result<tonic::Response<pb::ListModelsResponse>, Status> {
+        let catalog = self
+            .runtime
+            .models()
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(tonic::Response::new(catalog_to_pb(catalog)))
     }
 
     async fn cancel(

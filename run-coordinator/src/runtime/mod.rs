@@ -117,6 +117,26 @@ impl fmt::Display for RuntimeError {
 
 impl std::error::Error for RuntimeError {}
 
+/// A model a runtime offers (what `models.list` shows).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub id: String,
+    /// Display name (the id when empty).
+    pub name: String,
+    pub provider: String,
+    pub context_window: Option<u64>,
+    pub reasoning: bool,
+    /// Input kinds it takes: "text", "image".
+    pub input: Vec<String>,
+}
+
+/// The models a runtime offers, and the one a run without a choice uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelCatalog {
+    pub models: Vec<ModelInfo>,
+    pub default_model: Option<String>,
+}
+
 /// The events of one execution; an `Err` item ends the run as failed.
 pub type RuntimeStream = BoxStream<'static, Result<RuntimeEvent, RuntimeError>>;
 
@@ -133,4 +153,9 @@ pub trait AgentRuntime: Send + Sync + 'static {
         request: RuntimeRequest,
         cancel: CancellationToken,
     ) -> Result<RuntimeStream, RuntimeError>;
+
+    /// The models it offers; none by name unless the runtime says.
+    async fn models(&self) -> Result<ModelCatalog, RuntimeError> {
+        Ok(ModelCatalog::default())
+    }
 }

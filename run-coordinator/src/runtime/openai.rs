@@ -115,8 +115,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AgentRuntime, ErrorKind, HistoryMessage, RuntimeError, RuntimeEvent, RuntimeRequest,
-    RuntimeStream, Usage,
+    AgentRuntime, ErrorKind, HistoryMessage, ModelCatalog, ModelInfo, RuntimeError, RuntimeEvent,
+    RuntimeRequest, RuntimeStream, Usage,
 };
 
 /// Events buffered between the HTTP task and the reader of the stream.
@@ -285,6 +285,27 @@ impl RunOptions {
 impl AgentRuntime for OpenAiRuntime {
     fn name(&self) -> &'static str {
         "openai"
+    }
+
+    /// The configured model and its fallbacks (the API's own list is not
+    /// asked: many compatible servers do not serve it, and the configured
+    /// ones are what runs use).
+    async fn models(&self) -> Result<ModelCatalog, RuntimeError> {
+        let models = std::iter::once(&self.config.model)
+            .chain(&self.config.fallback_models)
+            .map(|id| ModelInfo {
+                id: id.clone(),
+                name: id.clone(),
+                provider: "openai".into(),
+                context_window: None,
+                reasoning: false,
+                input: vec!["text".into(), "image".into()],
+            })
+            .collect();
+        Ok(ModelCatalog {
+            models,
+            default_model: Some(self.config.model.clone()),
+        })
     }
 
     async fn execute(
