@@ -17,6 +17,33 @@ pub enum AuthMode {
     Password,
 }
 
+/// What a message sent while its session has a run does (the protocol's
+/// queue modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum QueueMode {
+    /// Into the active run at its next model boundary (a new turn when idle).
+    Steer,
+    /// A new turn after the active one.
+    Followup,
+    /// Messages queued during a run fold into one next turn.
+    Collect,
+    /// Supersede the active run.
+    Interrupt,
+}
+
+impl QueueMode {
+    pub const NAMES: &[&str] = &["steer", "followup", "collect", "interrupt"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Steer => "steer",
+            Self::Followup => "followup",
+            Self::Collect => "collect",
+            Self::Interrupt => "interrupt",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct EdgeConfig {
     /// Address the WebSocket (and /healthz, /readyz) server listens on.
@@ -71,6 +98,19 @@ pub struct EdgeConfig {
     /// Largest frame after the handshake, bytes (advertised as policy.maxPayload).
     #[arg(long, env = "EDGE_MAX_PAYLOAD", default_value_t = limits::EDGE_MAX_PAYLOAD)]
     pub max_payload: usize,
+    /// The queue mode of a message whose send and session name none.
+    #[arg(
+        long,
+        env = "EDGE_DEFAULT_QUEUE_MODE",
+        value_enum,
+        default_value = "followup"
+    )]
+    pub default_queue_mode: QueueMode,
+    /// Most attachment bytes (decoded, all attachments of one message
+    /// together) a `chat.send` or `agent` may carry (advertised as
+    /// policy.attachments).
+    #[arg(long, env = "EDGE_ATTACHMENT_MAX_BYTES", default_value_t = limits::EDGE_ATTACHMENT_MAX_BYTES)]
+    pub attachment_max_bytes: usize,
     /// Per-connection send buffer, bytes (advertised as policy.maxBufferedBytes).
     #[arg(long, env = "EDGE_MAX_BUFFERED_BYTES", default_value_t = limits::EDGE_MAX_BUFFERED_BYTES)]
     pub max_buffered_bytes: usize,

@@ -156,6 +156,22 @@ pub struct Conn {
     pub outbox: Outbox,
     pub sessions_subscribed: AtomicBool,
     pub runs: Mutex<ConnRuns>,
+    /// Who the client says it is (`connect.params.client`), for presence.
+    pub client: ClientInfo,
+}
+
+/// The client's self-description at `connect`, and where it connected from.
+#[derive(Debug, Clone, Default)]
+pub struct ClientInfo {
+    pub id: String,
+    pub mode: String,
+    pub version: String,
+    pub platform: String,
+    pub device_family: Option<String>,
+    pub display_name: Option<String>,
+    pub instance_id: Option<String>,
+    pub ip: String,
+    pub connected_at_ms: i64,
 }
 
 /// Per-connection run bookkeeping for `runs.resume`: the runs that arrive

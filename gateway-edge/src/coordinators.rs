@@ -68,6 +68,19 @@ fn client_for(address: &str, keepalive: Duration) -> anyhow::Result<CoordinatorC
         .max_encoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES))
 }
 
+/// The coordinator's calls, each following the leader (see `call`).
+macro_rules! forward {
+    ($($name:ident($request:ty) -> $response:ty;)*) => {$(
+        pub async fn $name(&self, req: $request) -> Result<$response, Status> {
+            self.call(|mut c| {
+                let req = req.clone();
+                async move { c.$name(req).await }
+            })
+            .await
+        }
+    )*};
+}
+
 impl Coordinators {
     /// `addresses`: comma-separated; the first is used first.
     pub fn new(
@@ -204,59 +217,13 @@ impl Coordinators {
         }
     }
 
-    // The coordinator's calls, each following the leader (see `call`).
-
-    pub async fn submit(&self, req: pb::SubmitRequest) -> Result<pb::SubmitResponse, Status> {
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.submit(req).await }
-        })
-        .await
-    }
-
-    pub async fn get(&self, req: pb::GetRequest) -> Result<pb::GetResponse, Status> {
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.get(req).await }
-        })
-        .await
-    }
-
-    pub async fn wait(&self, req: pb::WaitRequest) -> Result<pb::WaitResponse, Status> {
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.wait(req).await }
-        })
-        .await
-    }
-
-    pub async fn cancel(&self, req: pb::CancelRequest) -> Result<pb::CancelResponse, Status> {
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.cancel(req).await }
-        })
-        .await
-    }
-
-    pub async fn list_active(
-        &self,
-        req: pb::ListActiveRequest,
-    ) -> Result<pb::ListActiveResponse, Status> {
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.list_active(req).await }
-        })
-        .await
-    }
-
-    pub async fn subscribe(
-        &self,
-        req: pb::SubscribeRequest,
-    ) -> Result<tonic::Streaming<pb::SubscribeResponse>, Status> {
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.subscribe(req).await }
-        })
-        .await
+    forward! {
+        submit(pb::SubmitRequest) -> pb::SubmitResponse;
+        get(pb::GetRequest) -> pb::GetResponse;
+        wait(pb::WaitRequest) -> pb::WaitResponse;
+        cancel(pb::CancelRequest) -> pb::CancelResponse;
+        list_active(pb::ListActiveRequest) -> pb::ListActiveResponse;
+        describe_runtime(pb::DescribeRuntimeRequest) -> pb::DescribeRuntimeResponse;
+        subscribe(pb::SubscribeRequest) -> tonic::Streaming<pb::SubscribeResponse>;
     }
 }

@@ -56,6 +56,9 @@ pub struct Edge {
     pub backends: Backends,
     pub started: Instant,
     pub version: &'static str,
+    /// A fresh id per process (`hello-ok.server.bootId`): a client that
+    /// sees it change knows the gateway restarted.
+    pub boot_id: String,
     next_conn: AtomicU64,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     preauth: Mutex<HashMap<IpAddr, usize>>,
@@ -131,6 +134,7 @@ impl Edge {
             backends,
             started: Instant::now(),
             version: env!("CARGO_PKG_VERSION"),
+            boot_id: uuid::Uuid::new_v4().to_string(),
             next_conn: AtomicU64::new(1),
             conns: RwLock::new(HashMap::new()),
             preauth: Mutex::new(HashMap::new()),

@@ -15,10 +15,12 @@ pub const MIN_NODE_PROTOCOL: u64 = 3;
 const CLIENT_IDS: &[&str] = &[
     "webchat-ui",
     "openclaw-control-ui",
+    "openclaw-browser-copilot",
     "webchat",
     "cli",
     "gateway-client",
     "openclaw-macos",
+    "openclaw-linux",
     "openclaw-ios",
     "openclaw-android",
     "node-host",
@@ -38,6 +40,9 @@ const PARAM_KEYS: &[&str] = &[
     "client",
     "caps",
     "commands",
+    "computerUse",
+    "workerRuns",
+    "modelCatalog",
     "permissions",
     "pathEnv",
     "role",
@@ -51,12 +56,18 @@ const CLIENT_KEYS: &[&str] = &[
     "id",
     "displayName",
     "version",
+    "buildId",
     "platform",
     "deviceFamily",
     "modelIdentifier",
+    "timeZone",
     "mode",
     "instanceId",
 ];
+/// The two shapes of `modelCatalog` (a session's catalog, or one named by
+/// a short id); either is closed.
+const MODEL_CATALOG_KEYS: &[&str] = &["agentId", "sessionKey"];
+const MODEL_CATALOG_SHORT_ID_KEYS: &[&str] = &["agentId", "shortId", "slugHint"];
 const DEVICE_KEYS: &[&str] = &["id", "publicKey", "signature", "signedAt", "nonce"];
 const AUTH_KEYS: &[&str] = &[
     "token",
@@ -172,6 +183,38 @@ fn optional_string(
         .transpose()
 }
 
+/// An optional string of 1..=`max` characters.
+fn bounded_string(
+    object: &Map<String, Value>,
+    key: &str,
+    max: usize,
+    at: &str,
+) -> Result<(), Rejection> {
+    match object.get(key) {
+        None => Ok(()),
+        Some(Value::String(s)) if !s.is_empty() && s.chars().count() <= max => Ok(()),
+        Some(_) => Err(invalid_params(format!(
+            "{at}/{key} must be a string of 1 to {max} characters"
+        ))),
+    }
+}
+
+fn check_model_catalog(catalog: &Value) -> Result<(), Rejection> {
+    let Value::Object(c) = catalog else {
+        return Err(invalid_params("/modelCatalog must be object"));
+    };
+    let keys = if c.contains_key("shortId") {
+        MODEL_CATALOG_SHORT_ID_KEYS
+    } else {
+        MODEL_CATALOG_KEYS
+    };
+    closed(c, keys, "/modelCatalog")?;
+    for key in keys {
+        optional_string(c, key, "/modelCatalog")?;
+    }
+    Ok(())
+}
+
 fn string_list(object: &Map<String, Value>, key: &str) -> Result<Vec<String>, Rejection> {
     match object.get(key) {
         None => Ok(Vec::new()),
@@ -221,6 +264,14 @@ pub fn parse_connect(params: &Value) -> Result<ConnectParams, Rejection> {
     let client_version = non_empty(required(client, "version", "/client")?, "/client/version")?;
     let platform = non_empty(required(client, "platform", "/client")?, "/client/platform")?;
     optional_string(client, "modelIdentifier", "/client")?;
+    bounded_string(client, "buildId", 96, "/client")?;
+    bounded_string(client, "timeZone", 64, "/client")?;
+    if p.get("workerRuns").is_some_and(|v| !v.is_object()) {
+        return Err(invalid_params("/workerRuns must be object"));
+    }
+    if let Some(catalog) = p.get("modelCatalog") {
+        check_model_catalog(catalog)?;
+    }
     if let Some(permissions) = p.get("permissions")
         && !permissions
             .as_object()
@@ -312,9 +363,18 @@ pub fn negotiate(params: &ConnectParams) -> Result<u64, Rejection> {
     })
 }
 
+/// Only operators: this edge has no node support (no `node.invoke.*`), so
+/// a node host is told so at `connect` instead of connecting to a socket on
+/// which every call would fail.
 pub fn check_role(params: &ConnectParams) -> Result<(), Rejection> {
     match params.role.as_str() {
-        "operator" | "node" => Ok(()),
+        "operator" => Ok(()),
+        "node" => Err(Rejection::policy(
+            ErrorShape::invalid(
+                "role node is not supported by this gateway (no node host support); connect as an operator",
+            )
+            .with_details(json!({ "code": "NODE_ROLE_UNSUPPORTED", "role": "node" })),
+        )),
         _ => Err(Rejection::policy(ErrorShape::invalid("invalid role"))),
     }
 }

@@ -33,12 +33,13 @@ impl<'a> Params<'a> {
         Self::error_for(self.method, reason)
     }
 
-    fn present(&self, key: &str) -> Option<&'a Value> {
+    /// The value of `key`, unless absent or null.
+    pub fn value(&self, key: &str) -> Option<&'a Value> {
         self.object.get(key).filter(|v| !v.is_null())
     }
 
     pub fn string(&self, key: &str) -> Result<Option<&'a str>, ErrorShape> {
-        match self.present(key) {
+        match self.value(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
             Some(_) => Err(self.error(&format!("/{key} must be string"))),
@@ -66,7 +67,7 @@ impl<'a> Params<'a> {
     }
 
     pub fn integer(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ErrorShape> {
-        match self.present(key) {
+        match self.value(key) {
             None => Ok(None),
             Some(value) => match value.as_u64() {
                 Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
@@ -76,10 +77,22 @@ impl<'a> Params<'a> {
     }
 
     pub fn boolean(&self, key: &str) -> Result<Option<bool>, ErrorShape> {
-        match self.present(key) {
+        match self.value(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(_) => Err(self.error(&format!("/{key} must be boolean"))),
+        }
+    }
+}
+
+impl Params<'_> {
+    /// Like `string`, but the value must be one of `allowed`.
+    pub fn one_of(&self, key: &str, allowed: &[&str]) -> Result<Option<&str>, ErrorShape> {
+        match self.string(key)? {
+            Some(value) if !allowed.contains(&value) => Err(self.error(&format!(
+                "/{key} must be equal to one of the allowed values"
+            ))),
+            other => Ok(other),
         }
     }
 }

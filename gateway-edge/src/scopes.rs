@@ -1,10 +1,11 @@
 //! Roles, scopes and the per-method authorization of the gateway protocol.
 //!
-//! Rules: `health` is exempt; every method here needs role `operator`;
+//! Rules: `health` is exempt; every method needs role `operator`;
 //! `operator.admin` satisfies everything; `operator.write` satisfies
 //! `operator.read`; unclassified (and unknown) methods need `operator.admin`,
 //! so a non-admin calling an unknown method hears about the missing scope
-//! before it hears the method does not exist.
+//! before it hears the method does not exist. The served methods' scopes are
+//! in the method table (`methods/mod.rs`).
 
 use serde_json::json;
 
@@ -13,36 +14,28 @@ use crate::frames::ErrorShape;
 pub const READ: &str = "operator.read";
 pub const WRITE: &str = "operator.write";
 pub const ADMIN: &str = "operator.admin";
+pub const APPROVALS: &str = "operator.approvals";
+pub const QUESTIONS: &str = "operator.questions";
 
 /// Operator scopes a client may ask for (others are dropped at connect).
 pub const KNOWN_SCOPES: &[&str] = &[
     ADMIN,
     READ,
     WRITE,
-    "operator.approvals",
+    APPROVALS,
     "operator.pairing",
     "operator.talk.secrets",
     "operator.talk",
-    "operator.questions",
+    QUESTIONS,
 ];
 
-/// Read-classified methods of the protocol (whether this edge serves them or not).
-const READ_METHODS: &[&str] = &[
-    "status",
-    "agents.list",
-    "sessions.list",
+/// Read-classified methods of the protocol that this edge does not serve
+/// (the served ones carry their scope in the method table).
+const UNSERVED_READ: &[&str] = &[
     "sessions.get",
     "sessions.preview",
-    "sessions.resolve",
-    "sessions.subscribe",
-    "sessions.unsubscribe",
-    "sessions.messages.subscribe",
-    "sessions.messages.unsubscribe",
-    "chat.history",
     "system-presence",
-    "models.list",
     "tools.catalog",
-    "commands.list",
     "logs.tail",
     "channels.status",
     "usage.status",
@@ -59,41 +52,35 @@ const READ_METHODS: &[&str] = &[
     "tts.providers",
     "voicewake.get",
     "gateway.identity.get",
-    "runs.resume",
 ];
 
-const WRITE_METHODS: &[&str] = &[
-    "agent",
-    "agent.wait",
-    "chat.send",
-    "chat.abort",
+/// Write-classified methods of the protocol that this edge does not serve.
+const UNSERVED_WRITE: &[&str] = &[
     "send",
     "poll",
     "wake",
-    "sessions.create",
     "sessions.send",
     "sessions.steer",
     "sessions.abort",
 ];
 
-/// `None`: exempt (health).
-pub fn required_scope(method: &str) -> Option<&'static str> {
-    if method == "health" {
-        return None;
-    }
+/// The scope an unserved (or unknown) method needs, so that a caller
+/// without it hears about the scope before it hears the method is not
+/// served: the protocol's classification, admin when unclassified.
+pub fn unserved_scope(method: &str) -> &'static str {
     if ["config.", "exec.approvals.", "wizard.", "update."]
         .iter()
         .any(|prefix| method.starts_with(prefix))
         && method != "config.get"
     {
-        return Some(ADMIN);
+        return ADMIN;
     }
-    if READ_METHODS.contains(&method) {
-        Some(READ)
-    } else if WRITE_METHODS.contains(&method) {
-        Some(WRITE)
+    if UNSERVED_READ.contains(&method) {
+        READ
+    } else if UNSERVED_WRITE.contains(&method) {
+        WRITE
     } else {
-        Some(ADMIN)
+        ADMIN
     }
 }
 
@@ -103,9 +90,10 @@ pub fn grants(scopes: &[String], required: &str) -> bool {
     has(ADMIN) || has(required) || (required == READ && has(WRITE))
 }
 
-/// Checks the role and scope for `method`; the error is the protocol's.
-pub fn authorize(method: &str, role: &str, scopes: &[String]) -> Result<(), ErrorShape> {
-    let Some(required) = required_scope(method) else {
+/// Checks the role and the scope a call needs (`None`: exempt); the
+/// error is the protocol's.
+pub fn authorize(required: Option<&str>, role: &str, scopes: &[String]) -> Result<(), ErrorShape> {
+    let Some(required) = required else {
         return Ok(());
     };
     if role != "operator" {
@@ -133,31 +121,21 @@ mod tests {
 
     #[test]
     fn the_scope_rules() {
-        assert!(authorize("health", "operator", &[]).is_ok());
-        assert!(authorize("status", "operator", &scopes(&[READ])).is_ok());
-        assert!(authorize("status", "operator", &scopes(&[WRITE])).is_ok());
-        assert!(authorize("chat.send", "operator", &scopes(&[READ])).is_err());
-        assert!(authorize("sessions.reset", "operator", &scopes(&[WRITE])).is_err());
-        assert!(authorize("sessions.reset", "operator", &scopes(&[ADMIN])).is_ok());
-        let err = authorize("status", "operator", &[]).unwrap_err();
+        assert!(authorize(None, "operator", &[]).is_ok());
+        assert!(authorize(Some(READ), "operator", &scopes(&[READ])).is_ok());
+        assert!(authorize(Some(READ), "operator", &scopes(&[WRITE])).is_ok());
+        assert!(authorize(Some(WRITE), "operator", &scopes(&[READ])).is_err());
+        assert!(authorize(Some(ADMIN), "operator", &scopes(&[WRITE])).is_err());
+        assert!(authorize(Some(ADMIN), "operator", &scopes(&[ADMIN])).is_ok());
+        let err = authorize(Some(READ), "operator", &[]).unwrap_err();
         assert_eq!(err.code, "FORBIDDEN");
         assert_eq!(err.message, "missing scope: operator.read");
-        let unknown = authorize("no.such.method", "operator", &scopes(&[WRITE])).unwrap_err();
-        assert_eq!(unknown.message, "missing scope: operator.admin");
+        assert_eq!(unserved_scope("no.such.method"), ADMIN);
+        assert_eq!(unserved_scope("config.get"), READ);
+        assert_eq!(unserved_scope("config.set"), ADMIN);
+        assert_eq!(unserved_scope("sessions.send"), WRITE);
         assert_eq!(
-            authorize("config.get", "operator", &[])
-                .unwrap_err()
-                .message,
-            "missing scope: operator.read"
-        );
-        assert_eq!(
-            authorize("config.set", "operator", &scopes(&[WRITE]))
-                .unwrap_err()
-                .message,
-            "missing scope: operator.admin"
-        );
-        assert_eq!(
-            authorize("status", "node", &scopes(&[ADMIN]))
+            authorize(Some(READ), "node", &scopes(&[ADMIN]))
                 .unwrap_err()
                 .message,
             "unauthorized role: node"

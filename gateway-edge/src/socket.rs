@@ -16,7 +16,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::conn::{CloseOrder, Conn, Outbox, OutboxReader};
+use crate::conn::{ClientInfo, CloseOrder, Conn, Outbox, OutboxReader};
 use crate::edge::{Edge, PreauthSlot};
 use crate::frames::{self, ErrorShape, FrameError, parse_request};
 use crate::handshake::{self, Rejection};
@@ -175,6 +175,13 @@ pub async fn run(
     serve_connection(edge, socket, conn, reader).await;
 }
 
+/// Optional protocol features this edge implements (`features.capabilities`).
+/// None of the real gateway's 21 yet: each gates a client path (published
+/// model catalogs, session settings contracts, routing contracts, node
+/// workers) whose methods this edge does not serve, and announcing one
+/// would send clients down it.
+const CAPABILITIES: &[&str] = &[];
+
 /// Runs the handshake checks in the protocol's order and builds `hello-ok`.
 fn accept_connect(
     edge: &Arc<Edge>,
@@ -215,14 +222,26 @@ fn accept_connect(
         outbox,
         sessions_subscribed: AtomicBool::new(false),
         runs: Default::default(),
+        client: ClientInfo {
+            id: params.client_id.clone(),
+            mode: params.client_mode.clone(),
+            version: params.client_version.clone(),
+            platform: params.platform.clone(),
+            device_family: params.device_family.clone(),
+            display_name: params.display_name.clone(),
+            instance_id: params.instance_id.clone(),
+            ip: peer.ip.to_string(),
+            connected_at_ms: now_ms(),
+        },
     });
     let hello = json!({
         "type": "hello-ok",
         "protocol": protocol,
-        "server": { "version": edge.version, "connId": conn_id },
+        "server": { "version": edge.version, "bootId": edge.boot_id, "connId": conn_id },
         "features": {
-            "methods": crate::methods::SERVED_METHODS,
+            "methods": crate::methods::advertised_methods(),
             "events": crate::fanout::SERVED_EVENTS,
+            "capabilities": CAPABILITIES,
         },
         "snapshot": {
             "presence": [],
@@ -241,6 +260,10 @@ fn accept_connect(
             "maxPayload": edge.config.max_payload,
             "maxBufferedBytes": edge.config.max_buffered_bytes,
             "tickIntervalMs": edge.config.tick_interval.as_millis() as u64,
+            "attachments": {
+                "maxBytes": edge.config.attachment_max_bytes,
+                "maxImageBytes": edge.config.attachment_max_bytes,
+            },
         },
     });
     Ok((conn, reader, hello))

@@ -494,12 +494,23 @@ fn preauth_frame(rng: &mut Rng, n: usize) -> Frame {
 // ---------------------------------------------------------------------------
 
 /// Served methods whose params are not validated (garbage is fine).
+/// Served methods none of whose params is required.
+const ALL_OPTIONAL: &[&str] = &[
+    "sessions.list",
+    "models.list",
+    "commands.list",
+    "question.list",
+    "taskSuggestions.list",
+];
+
 const LENIENT: &[&str] = &[
     "health",
     "status",
     "agents.list",
     "sessions.subscribe",
     "sessions.unsubscribe",
+    "plugin.approval.list",
+    "exec.approval.list",
 ];
 
 #[derive(Debug, Clone, PartialEq)]
@@ -557,15 +568,15 @@ fn expect_after_auth(frame: &Frame, held: Option<&str>) -> Option<(String, Check
         Err(id) => return Some((id, Check::InvalidFrame)),
         Ok(request) => request,
     };
-    let required = required_scope(&method);
+    let required = required_scope_with(&method, &value["params"]);
     let check = if !grants(held, required) {
         Check::Forbidden(required.unwrap())
     } else if method == "connect" {
         Check::ConnectAgain
     } else if LENIENT.contains(&method.as_str()) {
         Check::Ok
-    } else if method == "sessions.list" {
-        // Only some of its params are checked.
+    } else if ALL_OPTIONAL.contains(&method.as_str()) {
+        // Every param is optional: absent or garbage params may be fine.
         Check::Any
     } else if SERVED_METHODS.contains(&method.as_str()) {
         Check::ParamsError(method)

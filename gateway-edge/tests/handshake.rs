@@ -195,6 +195,12 @@ async fn the_challenge_has_a_fresh_nonce_and_ts_and_no_seq() {
     system.stop.cancel();
 }
 
+/// The bootId a fresh connection to `url` is told.
+async fn res_boot_id(url: &str) -> Value {
+    let (_ws, _, res) = handshake(url, connect_params(&["operator.read"])).await;
+    res["payload"]["server"]["bootId"].clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_ok_has_every_required_field_and_no_null() {
     let (system, url) = start(|_| {}).await;
@@ -217,11 +223,23 @@ async fn hello_ok_has_every_required_field_and_no_null() {
         .iter()
         .map(|m| m.as_str().unwrap())
         .collect();
-    let mut served = gateway_edge::methods::SERVED_METHODS.to_vec();
+    // Everything served is listed but sessions.resolve, which the
+    // protocol serves without advertising it.
+    let mut served: Vec<&str> = gateway_edge::methods::SERVED_METHODS
+        .iter()
+        .copied()
+        .filter(|m| *m != "sessions.resolve")
+        .collect();
     let mut advertised = methods.clone();
     served.sort_unstable();
     advertised.sort_unstable();
     assert_eq!(advertised, served, "features.methods lists what is served");
+    assert!(hello["features"]["capabilities"].is_array());
+    assert_eq!(
+        hello["server"]["bootId"],
+        res_boot_id(&url).await,
+        "one bootId per process"
+    );
     let events = hello["features"]["events"].as_array().expect("events");
     for event in ["connect.challenge", "agent", "chat", "tick", "shutdown"] {
         assert!(events.iter().any(|e| e == event), "events lack {event}");
@@ -245,6 +263,10 @@ async fn hello_ok_has_every_required_field_and_no_null() {
     assert_eq!(
         policy["tickIntervalMs"],
         config.tick_interval.as_millis() as u64
+    );
+    assert_eq!(
+        policy["attachments"]["maxBytes"],
+        config.attachment_max_bytes
     );
 
     // A second connection gets its own connId.

@@ -157,8 +157,19 @@ fn example(method: &str, session_id: &str) -> Value {
         "chat.abort" => json!({ "sessionKey": "main", "runId": "edge-done" }),
         "chat.history" => json!({
             "sessionKey": "main", "limit": 10, "maxChars": 1000, "sessionId": session_id,
+            "messageId": format!("{session_id}:1"), "maxBytes": 262_144,
         }),
-        "sessions.list" => json!({ "limit": 10, "activeMinutes": 60, "search": "main" }),
+        "chat.startup" => json!({
+            "sessionKey": "main", "limit": 80, "maxBytes": 262_144, "inputRunIds": ["edge-done"],
+        }),
+        "sessions.describe" => json!({ "key": "main", "includeLastMessage": true }),
+        "sessions.resolve" => json!({ "key": "main" }),
+        "models.list" => json!({ "view": "configured" }),
+        "commands.list" => json!({ "agentId": "main", "scope": "text", "includeArgs": false }),
+        "sessions.list" => json!({
+            "limit": 10, "activeMinutes": 60, "search": "main", "configuredAgentsOnly": true,
+            "includeGlobal": true, "includeUnknown": true, "archived": "all", "offset": 0,
+        }),
         "sessions.reset" => json!({ "key": "agent:main:other", "reason": "new" }),
         "sessions.delete" => json!({ "key": "agent:main:other", "deleteTranscript": true }),
         "runs.resume" => json!({ "runId": "edge-done", "fromSeq": 0 }),

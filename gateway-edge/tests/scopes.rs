@@ -36,8 +36,16 @@ fn valid_params(method: &str, tag: &str) -> Value {
         | "agents.list"
         | "sessions.list"
         | "sessions.subscribe"
-        | "sessions.unsubscribe" => json!({}),
-        "chat.history" => json!({"sessionKey": "scopes-history"}),
+        | "sessions.unsubscribe"
+        | "models.list"
+        | "commands.list"
+        | "question.list"
+        | "plugin.approval.list"
+        | "exec.approval.list"
+        | "taskSuggestions.list" => json!({}),
+        "chat.history" | "chat.startup" => json!({"sessionKey": "scopes-history"}),
+        "sessions.describe" => json!({"key": "scopes-history"}),
+        "sessions.resolve" => json!({"key": "scopes-history", "allowMissing": true}),
         "runs.resume" => json!({"runId": format!("no-such-run-{tag}")}),
         "agent" => json!({"message": "hi", "idempotencyKey": format!("scopes-agent-{tag}")}),
         "agent.wait" => json!({"runId": format!("no-such-run-{tag}"), "timeoutMs": 1}),

@@ -1,5 +1,5 @@
-//! `agent` (accepted, then the final result under the same id) and
-//! `agent.wait`.
+//! `agent` (accepted, then the final result under the same id),
+//! `agent.wait` and `agents.list`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -213,5 +213,19 @@ pub(super) async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
             "error": snapshot.error.as_ref().map_or_else(|| status.to_owned(), |e| e.message.clone()),
             "stopReason": stop_reason,
         }),
+    }))
+}
+
+/// The one agent, with the model its runs use (clients gate sending on
+/// the agent having one).
+pub(super) async fn agents_list(edge: &Arc<Edge>) -> Answer {
+    let catalog = super::catalog::runtime_catalog(edge).await?;
+    let mut agent = json!({ "id": "main", "name": "main" });
+    if let Some(primary) = super::catalog::default_model_ref(&catalog) {
+        agent["model"] = json!({ "primary": primary });
+    }
+    Ok(json!({
+        "defaultId": "main", "mainKey": "main", "scope": "per-sender",
+        "agents": [agent],
     }))
 }

@@ -1,24 +1,26 @@
-//! `chat.send`, `chat.abort` and `chat.history`.
+//! `chat.send` and `chat.abort`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
-use session_store_api::SessionStore;
-use session_store_api::model::{HistoryCursor, HistoryQuery};
 
-use super::{Answer, backend_error, fail, key_for, store_error};
+use super::{Answer, backend_error, fail, key_for};
+use crate::config::QueueMode;
 use crate::conn::Conn;
 use crate::edge::Edge;
 use crate::fanout::status_name;
-use crate::frames::{self, ErrorShape};
+use crate::frames::ErrorShape;
 use crate::params::Params;
 use crate::trace;
 
 pub(super) const CHAT_SEND_KEYS: &[&str] = &[
     "sessionKey",
     "message",
+    "mentions",
+    "workContext",
+    "intent",
     "idempotencyKey",
     "thinking",
     "deliver",
@@ -40,7 +42,17 @@ pub(super) const CHAT_SEND_KEYS: &[&str] = &[
     "suppressCommandInterpretation",
     "expectedLeafEntryId",
     "expectedSessionRoutingContract",
+    "expectedPermissionMode",
+    "expectedToolOverrides",
 ];
+
+/// The marker the Control UI puts on its first send after a reconnect. It
+/// is not part of the schema: the protocol strips it from operator UI
+/// clients' sends before validating them.
+const RECONNECT_MARKER: &str = "__controlUiReconnectResume";
+
+/// Client modes whose sends may carry the reconnect marker.
+const UI_MODES: &[&str] = &["webchat", "ui"];
 
 pub(super) async fn chat_send(
     edge: &Arc<Edge>,
@@ -48,6 +60,19 @@ pub(super) async fn chat_send(
     params: &Value,
     received: Instant,
 ) -> Answer {
+    let stripped;
+    let params = match params.as_object() {
+        Some(object)
+            if object.contains_key(RECONNECT_MARKER)
+                && UI_MODES.contains(&conn.client.mode.as_str()) =>
+        {
+            let mut object = object.clone();
+            object.remove(RECONNECT_MARKER);
+            stripped = Value::Object(object);
+            &stripped
+        }
+        _ => params,
+    };
     let p = Params::new("chat.send", params, CHAT_SEND_KEYS).map_err(fail)?;
     let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
     let message = p.required_string("message").map_err(fail)?;
@@ -62,7 +87,7 @@ pub(super) async fn chat_send(
         return Err(fail(ErrorShape::invalid("message or attachment required")));
     }
     let session = key_for("chat.send", raw_key)?;
-    let queue_mode = match p.string("queueMode").map_err(fail)? {
+    let queue_mode = match p.one_of("queueMode", QueueMode::NAMES).map_err(fail)? {
         Some("interrupt") => pb::QueueMode::Interrupt,
         _ => pb::QueueMode::Enqueue,
     };
@@ -193,65 +218,4 @@ pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Valu
         }
     }
     Ok(json!({ "ok": true, "aborted": !aborted.is_empty(), "runIds": aborted }))
-}
-
-pub(super) const HISTORY_KEYS: &[&str] = &[
-    "sessionKey",
-    "limit",
-    "maxChars",
-    "agentId",
-    "offset",
-    "messageId",
-    "sessionId",
-    "cursor",
-];
-
-pub(super) async fn chat_history(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("chat.history", params, HISTORY_KEYS).map_err(fail)?;
-    let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
-    let key = key_for("chat.history", raw_key)?;
-    let limit = p.integer("limit", 1, 1000).map_err(fail)?.unwrap_or(200) as u32;
-    let max_chars = p
-        .integer("maxChars", 1, 500_000)
-        .map_err(fail)?
-        .map(|n| n as u32);
-    let session_id = match p.optional_non_empty("sessionId").map_err(fail)? {
-        Some(id) => Some(id.parse().map_err(|_| {
-            fail(ErrorShape::invalid(
-                "invalid chat.history params: /sessionId must be a UUID",
-            ))
-        })?),
-        None => None,
-    };
-    let page = edge
-        .backends
-        .store
-        .history(HistoryQuery {
-            key,
-            limit,
-            cursor: HistoryCursor::Latest,
-            max_chars,
-            session_id,
-        })
-        .await
-        .map_err(store_error)?;
-    let id = page.session_id.map(|id| id.to_string());
-    let messages: Vec<Value> = page
-        .entries
-        .iter()
-        .map(|e| {
-            let content: Value = serde_json::from_str(&e.content_json).unwrap_or_else(|_| json!(e.content_json));
-            let usage = e.metadata.usage_json.as_deref().and_then(|u| serde_json::from_str::<Value>(u).ok());
-            frames::without_nulls(json!({
-                "role": e.role, "content": content, "timestamp": e.timestamp_ms,
-                "stopReason": e.metadata.stop_reason, "usage": usage,
-                "aborted": e.metadata.aborted.then_some(true),
-                "__openclaw": { "id": format!("{}:{}", id.as_deref().unwrap_or(""), e.seq), "seq": e.seq, "runId": e.run_id },
-            }))
-        })
-        .collect();
-    Ok(frames::without_nulls(json!({
-        "sessionKey": raw_key, "sessionId": id, "messages": messages,
-        "hasMore": page.has_more, "totalMessages": page.total,
-    })))
 }

@@ -1,4 +1,4 @@
-//! `health`, `status`, `agents.list`, and the periodic `health` event.
+//! `health`, `status`, and the periodic `health` event.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,12 +81,5 @@ pub(super) async fn status(edge: &Arc<Edge>) -> Answer {
             "defaults": { "model": null, "contextTokens": null },
             "recent": recent, "byAgent": [],
         },
-    }))
-}
-
-pub(super) async fn agents_list() -> Answer {
-    Ok(json!({
-        "defaultId": "main", "mainKey": "main", "scope": "per-sender",
-        "agents": [{ "id": "main", "name": "main" }],
     }))
 }

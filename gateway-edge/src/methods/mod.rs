@@ -1,19 +1,22 @@
-//! Request dispatch and the served methods, one file per family: `status`
-//! (`health`, `status`, `agents.list`), `agent` (`agent`, `agent.wait`),
-//! `chat` (`chat.send`, `chat.abort`, `chat.history`), `sessions`
-//! (`sessions.*`) and `resume` (`runs.resume`).
+//! Request dispatch and the served methods, one file per family: `health`
+//! (`health`, `status`), `agent` (`agent`, `agent.wait`, `agents.list`),
+//! `chat` (`chat.*`), `sessions` (`sessions.*`) and `runs` (`runs.resume`).
 //!
-//! The method table below is the one list of what is served: its names are
-//! advertised in `hello-ok.features.methods`, its params lists are the
-//! methods' closed schemas, and dispatch finds the handler in it. Each
-//! request runs in its own task, so answers leave in the order they finish;
-//! every method is a call to the coordinator or the store.
+//! The method table below is the one list of what is served: one row per
+//! method with its name, the scope it needs, the keys of its closed params
+//! schema and its handler. Its names are advertised in
+//! `hello-ok.features.methods`, authorization reads the scope from it, and
+//! dispatch finds the handler in it; adding a method is one row and its
+//! handler. Each request runs in its own task, so answers leave in the
+//! order they finish.
 
 mod agent;
+mod catalog;
 mod chat;
-mod resume;
+mod health;
+mod history;
+mod runs;
 mod sessions;
-mod status;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,10 +30,10 @@ use tracing::Instrument;
 use crate::conn::Conn;
 use crate::edge::Edge;
 use crate::frames::{self, ErrorShape, FrameError, Request, parse_request};
-use crate::scopes::authorize;
+use crate::scopes::{self, ADMIN, APPROVALS, QUESTIONS, READ, WRITE};
 use crate::trace;
 
-pub use status::{broadcast_health, health_summary};
+pub use health::{broadcast_health, health_summary};
 
 /// What a handler is given: the edge, the calling connection, the request
 /// and when its frame arrived (for the ACK latency).
@@ -39,58 +42,116 @@ pub(crate) struct Call<'a> {
     pub conn: &'a Arc<Conn>,
     pub request: &'a Request,
     pub received: Instant,
+    /// Work to do once the answer is queued (events the protocol orders
+    /// after the answer, such as `sessions.changed` after a reset's).
+    after_reply: std::sync::Mutex<Vec<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Call<'_> {
     fn params(&self) -> &Value {
         &self.request.params
     }
+
+    /// Runs `work` right after this call's answer is queued on its connection.
+    pub fn after_reply(&self, work: impl FnOnce() + Send + 'static) {
+        self.after_reply.lock().unwrap().push(Box::new(work));
+    }
 }
 
 type Handler = for<'a> fn(&'a Call<'a>) -> BoxFuture<'a, Answer>;
 
+/// The scope a served method needs.
+#[derive(Clone, Copy)]
+enum Scope {
+    /// Any authenticated connection (`health`).
+    Exempt,
+    /// A fixed scope.
+    Fixed(&'static str),
+    /// Decided by the params (`sessions.delete` with `archivedOnly`).
+    ByParams(fn(&Value) -> &'static str),
+}
+
 /// One served method.
 struct Method {
     name: &'static str,
+    scope: Scope,
     /// The keys of its closed params schema (none: it takes no params and
     /// ignores what it gets).
     params: &'static [&'static str],
     handler: Handler,
 }
 
-/// Declares the served methods once: the advertised names and the table.
+/// Served but not advertised, as in the protocol (`sessions.resolve` is a
+/// lookup clients call by name).
+const UNADVERTISED: &[&str] = &["sessions.resolve"];
+
+/// The methods `hello-ok.features.methods` lists.
+pub fn advertised_methods() -> Vec<&'static str> {
+    SERVED_METHODS
+        .iter()
+        .copied()
+        .filter(|m| !UNADVERTISED.contains(m))
+        .collect()
+}
+
+/// Declares the served methods once: their names and the table.
 macro_rules! method_table {
-    ($( $name:literal, $params:expr => |$call:ident| $handler:expr; )*) => {
-        /// Methods this edge serves (advertised in `hello-ok.features.methods`).
+    ($( $name:literal, $scope:expr, $params:expr => |$call:ident| $handler:expr; )*) => {
+        /// Methods this edge serves.
         pub const SERVED_METHODS: &[&str] = &[$($name),*];
 
         static METHODS: &[Method] = &[$(Method {
             name: $name,
+            scope: $scope,
             params: $params,
             handler: |$call| Box::pin($handler),
         }),*];
     };
 }
 
+const R: Scope = Scope::Fixed(READ);
+const W: Scope = Scope::Fixed(WRITE);
+const A: Scope = Scope::Fixed(ADMIN);
+
 method_table! {
-    "health", &[] => |call| status::health(call.edge);
-    "status", &[] => |call| status::status(call.edge);
-    "agents.list", &[] => |_call| status::agents_list();
-    "agent", agent::AGENT_KEYS => |call| agent::agent(call.edge, call.conn, call.request, call.received);
-    "agent.wait", agent::AGENT_WAIT_KEYS => |call| agent::agent_wait(call.edge, call.params());
-    "chat.send", chat::CHAT_SEND_KEYS => |call| chat::chat_send(call.edge, call.conn, call.params(), call.received);
-    "chat.abort", chat::CHAT_ABORT_KEYS => |call| chat::chat_abort(call.edge, call.conn, call.params());
-    "chat.history", chat::HISTORY_KEYS => |call| chat::chat_history(call.edge, call.params());
-    "sessions.list", sessions::SESSIONS_LIST_KEYS => |call| sessions::sessions_list(call.edge, call.params());
-    "sessions.reset", sessions::SESSIONS_RESET_KEYS => |call| sessions::sessions_reset(call.edge, call.params());
-    "sessions.delete", sessions::SESSIONS_DELETE_KEYS => |call| sessions::sessions_delete(call.edge, call.params());
-    "sessions.subscribe", &[] => |call| sessions::subscribe(call.conn, true);
-    "sessions.unsubscribe", &[] => |call| sessions::subscribe(call.conn, false);
-    "runs.resume", resume::RUNS_RESUME_KEYS => |call| resume::runs_resume(call.edge, call.conn, call.params());
+    "health", Scope::Exempt, &[] => |call| health::health(call.edge);
+    "status", R, &[] => |call| health::status(call.edge);
+    "agents.list", R, &[] => |call| agent::agents_list(call.edge);
+    "models.list", R, catalog::MODELS_LIST_KEYS => |call| catalog::models_list(call.edge, call.params());
+    "commands.list", R, catalog::COMMANDS_LIST_KEYS => |call| catalog::commands_list(call.params());
+    "agent", W, agent::AGENT_KEYS => |call| agent::agent(call.edge, call.conn, call.request, call.received);
+    "agent.wait", W, agent::AGENT_WAIT_KEYS => |call| agent::agent_wait(call.edge, call.params());
+    "chat.send", W, chat::CHAT_SEND_KEYS => |call| chat::chat_send(call.edge, call.conn, call.params(), call.received);
+    "chat.abort", W, chat::CHAT_ABORT_KEYS => |call| chat::chat_abort(call.edge, call.conn, call.params());
+    "chat.history", R, history::HISTORY_KEYS => |call| history::chat_history(call.edge, call.params());
+    "chat.startup", R, history::STARTUP_KEYS => |call| history::chat_startup(call.edge, call.params());
+    "sessions.list", R, sessions::SESSIONS_LIST_KEYS => |call| sessions::sessions_list(call.edge, call.params());
+    "sessions.describe", R, sessions::SESSIONS_DESCRIBE_KEYS => |call| sessions::sessions_describe(call.edge, call.params());
+    "sessions.resolve", R, sessions::SESSIONS_RESOLVE_KEYS => |call| sessions::sessions_resolve(call.edge, call.params());
+    "sessions.reset", A, sessions::SESSIONS_RESET_KEYS => |call| sessions::sessions_reset(call);
+    "sessions.delete", Scope::ByParams(sessions::delete_scope), sessions::SESSIONS_DELETE_KEYS => |call| sessions::sessions_delete(call.edge, call.params());
+    "sessions.subscribe", R, &[] => |call| sessions::subscribe(call.conn, true);
+    "sessions.unsubscribe", R, &[] => |call| sessions::subscribe(call.conn, false);
+    "question.list", Scope::Fixed(QUESTIONS), &[] => |call| catalog::question_list(call.params());
+    "plugin.approval.list", Scope::Fixed(APPROVALS), &[] => |_call| catalog::approvals_list();
+    "exec.approval.list", Scope::Fixed(APPROVALS), &[] => |_call| catalog::approvals_list();
+    "taskSuggestions.list", R, catalog::TASK_SUGGESTIONS_KEYS => |call| catalog::task_suggestions_list(call.params());
+    "runs.resume", R, runs::RUNS_RESUME_KEYS => |call| runs::runs_resume(call.edge, call.conn, call.params());
 }
 
 fn method(name: &str) -> Option<&'static Method> {
     METHODS.iter().find(|m| m.name == name)
+}
+
+/// The scope `name` needs with these params (`None`: exempt): the table's
+/// for a served method, the protocol's classification for the others.
+pub fn required_scope(name: &str, params: &Value) -> Option<&'static str> {
+    match method(name).map(|m| m.scope) {
+        Some(Scope::Exempt) => None,
+        Some(Scope::Fixed(scope)) => Some(scope),
+        Some(Scope::ByParams(decide)) => Some(decide(params)),
+        None => Some(scopes::unserved_scope(name)),
+    }
 }
 
 /// The params each served method accepts: the keys of its closed schema
@@ -124,7 +185,8 @@ pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
         }
     };
     let refused = |error| reply(edge, conn, &request.id, &request.method, Err(fail(error)));
-    if let Err(error) = authorize(&request.method, &conn.role, &conn.scopes) {
+    let required = required_scope(&request.method, &request.params);
+    if let Err(error) = scopes::authorize(required, &conn.role, &conn.scopes) {
         refused(error);
         return;
     }
@@ -150,9 +212,13 @@ pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
                 conn: &conn,
                 request: &request,
                 received,
+                after_reply: Default::default(),
             };
             let answer = (method.handler)(&call).await;
             reply(&edge, &conn, &request.id, &request.method, answer);
+            for work in call.after_reply.into_inner().unwrap() {
+                work();
+            }
         }
         .instrument(span),
     );

@@ -1,81 +1,520 @@
-//! `sessions.list`, `sessions.reset`, `sessions.delete`, and
-//! `sessions.subscribe` / `sessions.unsubscribe`.
+//! `sessions.list`, `sessions.describe`, `sessions.resolve`,
+//! `sessions.reset`, `sessions.delete`, and the subscriptions
+//! (`sessions.subscribe` / `sessions.unsubscribe` for `sessions.changed`,
+//! `sessions.messages.subscribe` for `session.message`).
 
 use std::sync::Arc;
 
+use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
-use session_store_api::SessionStore;
-use session_store_api::model::ListQuery;
+use session_store_api::model::{HistoryCursor, HistoryQuery, ListQuery, Session};
 use session_store_api::store::now_ms;
+use session_store_api::{SessionKey, SessionStore};
 
-use super::{Answer, fail, key_for, store_error};
+use super::{Answer, Call, backend_error, fail, key_for, store_error};
 use crate::conn::Conn;
 use crate::edge::Edge;
+use crate::fanout::status_name;
 use crate::frames::{self, ErrorShape};
 use crate::params::Params;
 
-fn session_row(s: &session_store_api::model::Session) -> Value {
+/// The one agent this edge runs.
+pub(super) const AGENT_ID: &str = "main";
+
+/// A session as the protocol lists it.
+fn session_row(s: &Session, active: &[String]) -> Value {
     use session_store_api::model::RunStatus as S;
-    let status = s.last_run_status.map(|status| match status {
-        S::Accepted | S::Queued | S::Running => "running",
-        S::Ok => "done",
-        S::Error | S::Lost => "failed",
-        S::Aborted | S::Superseded => "killed",
-        S::Timeout => "timeout",
-    });
+    let status = if active.is_empty() {
+        s.last_run_status.map(|status| match status {
+            S::Accepted | S::Queued | S::Running => "running",
+            S::Ok => "done",
+            S::Error | S::Lost => "failed",
+            S::Aborted | S::Superseded => "killed",
+            S::Timeout => "timeout",
+        })
+    } else {
+        Some("running")
+    };
     frames::without_nulls(json!({
         "key": s.key.as_str(),
+        "agentId": AGENT_ID,
         "kind": if s.key.as_str() == "global" { "global" } else { "direct" },
         "updatedAt": s.updated_at_ms,
+        "createdAt": s.created_at_ms,
         "sessionId": s.session_id.to_string(),
         "label": s.label,
+        "displayName": s.label,
         "status": status,
-        "hasActiveRun": s.active_writer_run_id.is_some(),
+        "hasActiveRun": !active.is_empty() || s.active_writer_run_id.is_some(),
+        "activeRunIds": (!active.is_empty()).then_some(active),
+        "archived": false,
+        "messageCount": s.entry_count,
     }))
 }
 
-pub(super) const SESSIONS_LIST_KEYS: &[&str] = &[
+/// What a chat view needs about its session besides the messages.
+pub(super) struct SessionInfo {
+    /// `sessionInfo` of a history answer.
+    pub info: Value,
+    /// The run streaming now (`inFlightRun`), so a reloaded view resumes it.
+    pub in_flight: Option<Value>,
+    pub thinking_level: Option<String>,
+}
+
+/// `sessionInfo` of `key` (`session`: its row, if it has one).
+pub(super) async fn session_info(
+    edge: &Arc<Edge>,
+    key: &SessionKey,
+    session: Option<&Session>,
+) -> Result<SessionInfo, (ErrorShape, Option<Value>)> {
+    let active = edge
+        .backends
+        .coordinator
+        .list_active(pb::ListActiveRequest {
+            session_key: Some(key.as_str().to_owned()),
+        })
+        .await
+        .map_err(backend_error)?
+        .runs;
+    let running = active
+        .iter()
+        .find(|run| status_name(run.status) == "running");
+    let in_flight = running.map(|run| {
+        frames::without_nulls(json!({
+            "runId": run.run_id, "text": run.text, "startedAt": run.started_at_ms,
+            "sessionAbortable": true,
+        }))
+    });
+    let queue_mode = edge.config.default_queue_mode.as_str();
+    let info = frames::without_nulls(json!({
+        "key": key.as_str(),
+        "agentId": AGENT_ID,
+        "sessionId": session.map(|s| s.session_id.to_string()),
+        "label": session.and_then(|s| s.label.clone()),
+        "effectiveQueueMode": queue_mode,
+        "hasActiveRun": !active.is_empty(),
+        "status": if active.is_empty() { "idle" } else { "running" },
+        "activeRunIds": active.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
+        "updatedAt": session.map(|s| s.updated_at_ms),
+    }));
+    Ok(SessionInfo {
+        info,
+        in_flight,
+        thinking_level: None,
+    })
+}
+
+/// `sessions.list`'s boolean params.
+macro_rules! list_flags {
+    ($($more:literal),*) => {
+        &[
+            "activeOnly", "requireLastInteraction", "includeGlobal", "includeUnknown",
+            "excludeSubagents", "excludeCron", "excludeSystem", "configuredAgentsOnly",
+            "includeDerivedTitles", "includeLastMessage", "includeActivitySummary", "pinned",
+            "hasBoard", "ownerFirst", "involvingMe", "includePeople",
+            $($more),*
+        ]
+    };
+}
+
+const LIST_FLAGS: &[&str] = list_flags!();
+
+pub(super) const SESSIONS_LIST_KEYS: &[&str] = list_flags!(
     "limit",
+    "offset",
     "activeMinutes",
-    "includeGlobal",
-    "includeUnknown",
-    "includeDerivedTitles",
-    "includeLastMessage",
+    "sortBy",
     "label",
+    "projectId",
+    "workspaceDir",
+    "group",
+    "boardFace",
+    "creatorId",
+    "ownerId",
+    "profileRelation",
+    "involvingProfileId",
     "spawnedBy",
     "agentId",
     "search",
+    "archived"
+);
+
+/// Rows per `sessions.list` page unless the request says.
+const DEFAULT_LIST_LIMIT: u64 = 100;
+/// The most rows one page holds.
+const MAX_LIST_LIMIT: u64 = 1000;
+/// The deepest `offset` a list may page to.
+const MAX_LIST_OFFSET: u64 = 100_000;
+
+/// Filters that select properties no session here has (projects, pins,
+/// boards, owners, people, subagents): asking for them matches nothing.
+const SELECTS_ABSENT: &[&str] = &[
+    "projectId",
+    "workspaceDir",
+    "creatorId",
+    "ownerId",
+    "involvingProfileId",
+    "profileRelation",
+    "spawnedBy",
+    "boardFace",
 ];
 
 pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
     let p = Params::new("sessions.list", params, SESSIONS_LIST_KEYS).map_err(fail)?;
-    let limit = p.integer("limit", 1, 1000).map_err(fail)?.unwrap_or(100) as u32;
+    let limit = p
+        .integer("limit", 1, MAX_LIST_LIMIT)
+        .map_err(fail)?
+        .unwrap_or(DEFAULT_LIST_LIMIT);
+    let offset = p
+        .integer("offset", 0, MAX_LIST_OFFSET)
+        .map_err(fail)?
+        .unwrap_or(0);
     let active_minutes = p.integer("activeMinutes", 1, 10_000_000).map_err(fail)?;
+    p.one_of("sortBy", &["updatedAt", "lastInteractionAt", "activity"])
+        .map_err(fail)?;
+    for flag in LIST_FLAGS {
+        p.boolean(flag).map_err(fail)?;
+    }
+    let archived = match p.value("archived") {
+        None => Some(false),
+        Some(Value::Bool(b)) => Some(*b),
+        Some(Value::String(s)) if s == "all" => None,
+        Some(_) => return Err(fail(p.error("/archived must be boolean or \"all\""))),
+    };
+    let agent_ok = p
+        .optional_non_empty("agentId")
+        .map_err(fail)?
+        .is_none_or(|a| a == AGENT_ID);
+    let selects_absent = SELECTS_ABSENT.iter().any(|k| p.value(k).is_some())
+        || p.boolean("pinned").map_err(fail)? == Some(true)
+        || p.boolean("hasBoard").map_err(fail)? == Some(true)
+        || p.string("group")
+            .map_err(fail)?
+            .is_some_and(|g| !g.is_empty())
+        || archived == Some(true)
+        || !agent_ok;
     let search = p
         .string("search")
         .map_err(fail)?
         .or(p.string("label").map_err(fail)?);
+    let include_titles = p.boolean("includeDerivedTitles").map_err(fail)? == Some(true);
+    let include_last = p.boolean("includeLastMessage").map_err(fail)? == Some(true);
+    let active_only = p.boolean("activeOnly").map_err(fail)? == Some(true);
+    let sessions = if selects_absent {
+        Vec::new()
+    } else {
+        edge.backends
+            .store
+            .list_sessions(ListQuery {
+                // One more than the page, to tell whether another follows.
+                limit: (offset + limit + 1) as u32,
+                updated_since_ms: active_minutes.map(|m| now_ms() - m as i64 * 60_000),
+                search: search.map(str::to_owned),
+            })
+            .await
+            .map_err(store_error)?
+    };
+    let active = active_runs(edge).await?;
+    let matching: Vec<&Session> = sessions
+        .iter()
+        .filter(|s| !active_only || active.iter().any(|(k, _)| k == s.key.as_str()))
+        .collect();
+    let has_more = matching.len() as u64 > offset + limit;
+    let page: Vec<&Session> = matching
+        .into_iter()
+        .skip(offset as usize)
+        .take(limit as usize)
+        .collect();
+    let mut rows = Vec::with_capacity(page.len());
+    for s in page {
+        let runs: Vec<String> = active
+            .iter()
+            .filter(|(k, _)| k == s.key.as_str())
+            .map(|(_, r)| r.clone())
+            .collect();
+        let mut row = session_row(s, &runs);
+        if include_titles || include_last {
+            add_previews(edge, s, &mut row, include_titles, include_last).await?;
+        }
+        rows.push(row);
+    }
+    // `defaults` members are nullable in the schema, so nulls stay here.
+    let mut answer = json!({
+        "ts": now_ms(), "path": "session-store", "count": rows.len(),
+        "totalCount": offset as usize + rows.len() + usize::from(has_more),
+        "limitApplied": limit, "offset": offset, "hasMore": has_more,
+        "defaults": { "modelProvider": null, "model": null, "contextTokens": null },
+        "sessions": rows,
+    });
+    if has_more {
+        answer["nextOffset"] = json!(offset + limit);
+    }
+    Ok(answer)
+}
+
+/// Every active run's `(session key, run id)`.
+async fn active_runs(
+    edge: &Arc<Edge>,
+) -> Result<Vec<(String, String)>, (ErrorShape, Option<Value>)> {
+    Ok(edge
+        .backends
+        .coordinator
+        .list_active(pb::ListActiveRequest { session_key: None })
+        .await
+        .map_err(backend_error)?
+        .runs
+        .into_iter()
+        .map(|r| (r.session_key, r.run_id))
+        .collect())
+}
+
+/// Longest derived title or preview, characters.
+const PREVIEW_CHARS: usize = 120;
+
+/// `derivedTitle` (the first user message) and `lastMessagePreview` (the
+/// newest user or assistant text), each from a bounded read.
+async fn add_previews(
+    edge: &Arc<Edge>,
+    session: &Session,
+    row: &mut Value,
+    titles: bool,
+    last: bool,
+) -> Result<(), (ErrorShape, Option<Value>)> {
+    let store = &edge.backends.store;
+    let read = |cursor| HistoryQuery {
+        key: session.key.clone(),
+        limit: 8,
+        cursor,
+        max_chars: Some(4 * PREVIEW_CHARS as u32),
+        session_id: None,
+    };
+    if titles {
+        let head = store
+            .history(read(HistoryCursor::After(0)))
+            .await
+            .map_err(store_error)?;
+        if let Some(text) = head
+            .entries
+            .iter()
+            .find(|e| e.role == "user")
+            .map(|e| text_of(&e.content_json))
+        {
+            row["derivedTitle"] = json!(preview(&text));
+        }
+    }
+    if last {
+        let tail = store
+            .history(read(HistoryCursor::Latest))
+            .await
+            .map_err(store_error)?;
+        let newest = tail
+            .entries
+            .iter()
+            .rev()
+            .find(|e| e.role == "user" || e.role == "assistant")
+            .map(|e| text_of(&e.content_json));
+        if let Some(text) = newest.filter(|t| !t.is_empty()) {
+            row["lastMessagePreview"] = json!(preview(&text));
+        }
+    }
+    Ok(())
+}
+
+/// The text of a transcript entry's content (a string, or text parts).
+pub(super) fn text_of(content_json: &str) -> String {
+    match serde_json::from_str::<Value>(content_json) {
+        Ok(Value::String(text)) => text,
+        Ok(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+fn preview(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(PREVIEW_CHARS) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None => line,
+    }
+}
+
+pub(super) const SESSIONS_DESCRIBE_KEYS: &[&str] = &[
+    "key",
+    "agentId",
+    "includeDerivedTitles",
+    "includeLastMessage",
+];
+
+pub(super) async fn sessions_describe(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("sessions.describe", params, SESSIONS_DESCRIBE_KEYS).map_err(fail)?;
+    let key = key_for(
+        "sessions.describe",
+        p.required_non_empty("key").map_err(fail)?,
+    )?;
+    check_agent(&p)?;
+    let titles = p.boolean("includeDerivedTitles").map_err(fail)? == Some(true);
+    let last = p.boolean("includeLastMessage").map_err(fail)? == Some(true);
+    let Some(session) = edge
+        .backends
+        .store
+        .get_session(&key)
+        .await
+        .map_err(store_error)?
+    else {
+        return Ok(json!({ "session": null }));
+    };
+    let runs: Vec<String> = active_runs(edge)
+        .await?
+        .into_iter()
+        .filter(|(k, _)| k == key.as_str())
+        .map(|(_, r)| r)
+        .collect();
+    let mut row = session_row(&session, &runs);
+    if titles || last {
+        add_previews(edge, &session, &mut row, titles, last).await?;
+    }
+    Ok(json!({ "session": row }))
+}
+
+/// `agentId`, when given, must be this edge's one agent.
+fn check_agent(p: &Params) -> Result<(), (ErrorShape, Option<Value>)> {
+    match p.optional_non_empty("agentId").map_err(fail)? {
+        Some(agent) if agent != AGENT_ID => Err(fail(
+            ErrorShape::invalid(format!("unknown agent id: {agent}"))
+                .with_details(json!({ "code": "UNKNOWN_AGENT_ID", "agentId": agent })),
+        )),
+        _ => Ok(()),
+    }
+}
+
+pub(super) const SESSIONS_RESOLVE_KEYS: &[&str] = &[
+    "key",
+    "sessionId",
+    "label",
+    "reference",
+    "shortId",
+    "slugHint",
+    "agentId",
+    "spawnedBy",
+    "includeGlobal",
+    "includeUnknown",
+    "allowMissing",
+];
+
+pub(super) async fn sessions_resolve(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("sessions.resolve", params, SESSIONS_RESOLVE_KEYS).map_err(fail)?;
+    check_agent(&p)?;
+    let allow_missing = p.boolean("allowMissing").map_err(fail)? == Some(true);
+    let reference_key = match p.value("reference") {
+        None => None,
+        Some(Value::Object(r)) => match r.get("key").and_then(Value::as_str) {
+            Some(k) if !k.is_empty() => Some(k),
+            _ => {
+                return Err(fail(
+                    p.error("/reference must have required property 'key'"),
+                ));
+            }
+        },
+        Some(_) => return Err(fail(p.error("/reference must be object"))),
+    };
+    let store = &edge.backends.store;
+    let found: Option<SessionKey> =
+        if let Some(raw) = p.optional_non_empty("key").map_err(fail)?.or(reference_key) {
+            let key = key_for("sessions.resolve", raw)?;
+            store
+                .get_session(&key)
+                .await
+                .map_err(store_error)?
+                .map(|s| s.key)
+        } else if let Some(short) = p.optional_non_empty("shortId").map_err(fail)? {
+            resolve_short_id(edge, short).await.ok()
+        } else if let Some(id) = p.optional_non_empty("sessionId").map_err(fail)? {
+            find_session(edge, |s| s.session_id.to_string() == id).await?
+        } else if let Some(label) = p.optional_non_empty("label").map_err(fail)? {
+            find_session(edge, |s| s.label.as_deref() == Some(label)).await?
+        } else {
+            return Err(fail(
+                p.error("give one of key, sessionId, label, reference or shortId"),
+            ));
+        };
+    match found {
+        Some(key) => Ok(json!({ "ok": true, "key": key.as_str() })),
+        None if allow_missing => Ok(json!({ "ok": false })),
+        None => Err(fail(ErrorShape::invalid("No session found"))),
+    }
+}
+
+/// Sessions a lookup by id or label scans (newest first).
+const RESOLVE_SCAN: u32 = 1000;
+
+async fn find_session(
+    edge: &Arc<Edge>,
+    matches: impl Fn(&Session) -> bool,
+) -> Result<Option<SessionKey>, (ErrorShape, Option<Value>)> {
     let sessions = edge
         .backends
         .store
         .list_sessions(ListQuery {
-            limit,
-            updated_since_ms: active_minutes.map(|m| now_ms() - m as i64 * 60_000),
-            search: search.map(str::to_owned),
+            limit: RESOLVE_SCAN,
+            ..ListQuery::default()
         })
         .await
         .map_err(store_error)?;
-    let rows: Vec<Value> = sessions.iter().map(session_row).collect();
-    // `defaults` members are nullable in the schema, so nulls stay here.
-    Ok(json!({
-        "ts": now_ms(), "path": "session-store", "count": rows.len(),
-        "defaults": { "modelProvider": null, "model": null, "contextTokens": null },
-        "sessions": rows,
-    }))
+    Ok(sessions.into_iter().find(|s| matches(s)).map(|s| s.key))
 }
 
-fn notify_sessions_changed(edge: &Arc<Edge>, key: &str, reason: &str) {
-    let payload = json!({ "sessionKey": key, "reason": reason, "ts": now_ms() });
+/// The session whose key ends in a UUID starting with `short_id` (8 to 32
+/// hex digits); an error if none or several.
+pub(super) async fn resolve_short_id(
+    edge: &Arc<Edge>,
+    short_id: &str,
+) -> Result<SessionKey, (ErrorShape, Option<Value>)> {
+    let short = short_id.to_ascii_lowercase();
+    if !(8..=32).contains(&short.len()) || !short.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(fail(ErrorShape::invalid(
+            "shortId must be 8 to 32 hexadecimal digits",
+        )));
+    }
+    let sessions = edge
+        .backends
+        .store
+        .list_sessions(ListQuery {
+            limit: RESOLVE_SCAN,
+            search: Some(short[..8].to_owned()),
+            ..ListQuery::default()
+        })
+        .await
+        .map_err(store_error)?;
+    let mut found = sessions.into_iter().filter(|s| {
+        let tail = s.key.as_str().rsplit(':').next().unwrap_or("");
+        tail.replace('-', "")
+            .to_ascii_lowercase()
+            .starts_with(&short)
+    });
+    match (found.next(), found.next()) {
+        (Some(session), None) => Ok(session.key),
+        (None, _) => Err(fail(ErrorShape::invalid(format!(
+            "No session found for shortId {short_id}"
+        )))),
+        (Some(_), Some(_)) => Err(fail(ErrorShape::invalid(format!(
+            "shortId {short_id} matches several sessions"
+        )))),
+    }
+}
+
+/// Tells `sessions.changed` subscribers that `key` changed.
+pub(super) fn notify_sessions_changed(
+    edge: &Arc<Edge>,
+    key: &str,
+    session_id: Option<&str>,
+    reason: &str,
+) {
+    let payload = frames::without_nulls(json!({
+        "sessionKey": key, "sessionId": session_id, "reason": reason, "ts": now_ms(),
+    }));
     for conn in edge.connections() {
         if conn.subscribed_to_sessions() && conn.can_read() {
             conn.outbox.targeted("sessions.changed", &payload, true);
@@ -83,31 +522,84 @@ fn notify_sessions_changed(edge: &Arc<Edge>, key: &str, reason: &str) {
     }
 }
 
-pub(super) const SESSIONS_RESET_KEYS: &[&str] = &["key", "reason"];
+pub(super) const SESSIONS_RESET_KEYS: &[&str] = &["key", "agentId", "reason", "expectedSessionId"];
 
-pub(super) async fn sessions_reset(edge: &Arc<Edge>, params: &Value) -> Answer {
+pub(super) async fn sessions_reset(call: &Call<'_>) -> Answer {
+    let (edge, params) = (call.edge, call.params());
     let p = Params::new("sessions.reset", params, SESSIONS_RESET_KEYS).map_err(fail)?;
     let key = key_for("sessions.reset", p.required_non_empty("key").map_err(fail)?)?;
-    let reason = match p.string("reason").map_err(fail)? {
-        None | Some("reset") => "reset",
-        Some("new") => "new",
-        Some(_) => {
-            return Err(fail(
-                p.error("/reason must be equal to one of the allowed values"),
-            ));
-        }
-    };
+    check_agent(&p)?;
+    let reason = p
+        .one_of("reason", &["new", "reset"])
+        .map_err(fail)?
+        .unwrap_or("reset");
+    let reason = reason.to_owned();
+    check_expected_session(
+        edge,
+        &key,
+        p.optional_non_empty("expectedSessionId").map_err(fail)?,
+    )
+    .await?;
     let out = edge
         .backends
         .store
         .reset_session(&key)
         .await
         .map_err(store_error)?;
-    notify_sessions_changed(edge, key.as_str(), reason);
-    Ok(json!({ "ok": true, "key": key.as_str(), "entry": session_row(&out.session) }))
+    let session_id = out.session.session_id.to_string();
+    // The answer leaves before the event, as the protocol orders them: a
+    // client that reloads on `sessions.changed` then already knows of the reset.
+    let (notifier, notified) = (edge.clone(), key.as_str().to_owned());
+    call.after_reply(move || {
+        notify_sessions_changed(&notifier, &notified, Some(&session_id), &reason)
+    });
+    Ok(json!({ "ok": true, "key": key.as_str(), "entry": session_row(&out.session, &[]) }))
 }
 
-pub(super) const SESSIONS_DELETE_KEYS: &[&str] = &["key", "deleteTranscript", "emitLifecycleHooks"];
+/// `expectedSessionId`: refuse if the session was reset or replaced since.
+async fn check_expected_session(
+    edge: &Arc<Edge>,
+    key: &SessionKey,
+    expected: Option<&str>,
+) -> Result<(), (ErrorShape, Option<Value>)> {
+    let Some(expected) = expected else {
+        return Ok(());
+    };
+    let current = edge
+        .backends
+        .store
+        .get_session(key)
+        .await
+        .map_err(store_error)?;
+    match current {
+        Some(s) if s.session_id.to_string() == expected => Ok(()),
+        _ => Err(fail(
+            ErrorShape::invalid("session changed: expectedSessionId does not match")
+                .with_details(json!({ "code": "SESSION_CHANGED" })),
+        )),
+    }
+}
+
+pub(super) const SESSIONS_DELETE_KEYS: &[&str] = &[
+    "key",
+    "agentId",
+    "deleteTranscript",
+    "expectedSessionId",
+    "expectedLifecycleRevision",
+    "expectedSessionUpdatedAt",
+    "emitLifecycleHooks",
+    "archivedOnly",
+];
+
+/// `sessions.delete` needs admin, or write when it deletes only an
+/// archived session (`archivedOnly`).
+pub(super) fn delete_scope(params: &Value) -> &'static str {
+    if params.get("archivedOnly") == Some(&Value::Bool(true)) {
+        crate::scopes::WRITE
+    } else {
+        crate::scopes::ADMIN
+    }
+}
 
 pub(super) async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer {
     let p = Params::new("sessions.delete", params, SESSIONS_DELETE_KEYS).map_err(fail)?;
@@ -115,12 +607,44 @@ pub(super) async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer 
         "sessions.delete",
         p.required_non_empty("key").map_err(fail)?,
     )?;
+    check_agent(&p)?;
     if key.as_str() == "agent:main:main" {
         return Err(fail(ErrorShape::invalid(
             "Cannot delete the main session (main).",
         )));
     }
+    p.optional_non_empty("expectedLifecycleRevision")
+        .map_err(fail)?;
+    p.boolean("emitLifecycleHooks").map_err(fail)?;
     let delete_transcript = p.boolean("deleteTranscript").map_err(fail)?.unwrap_or(true);
+    check_expected_session(
+        edge,
+        &key,
+        p.optional_non_empty("expectedSessionId").map_err(fail)?,
+    )
+    .await?;
+    if let Some(at) = p.value("expectedSessionUpdatedAt") {
+        let at = at
+            .as_f64()
+            .filter(|n| *n >= 0.0)
+            .ok_or_else(|| fail(p.error("/expectedSessionUpdatedAt must be >= 0")))?;
+        let current = edge
+            .backends
+            .store
+            .get_session(&key)
+            .await
+            .map_err(store_error)?;
+        if current.is_some_and(|s| s.updated_at_ms as f64 != at) {
+            return Err(fail(
+                ErrorShape::invalid("session changed: expectedSessionUpdatedAt does not match")
+                    .with_details(json!({ "code": "SESSION_CHANGED" })),
+            ));
+        }
+    }
+    if p.boolean("archivedOnly").map_err(fail)? == Some(true) {
+        // No session here is archived: an archive-only delete deletes nothing.
+        return Ok(json!({ "ok": true, "key": key.as_str(), "deleted": false, "archived": [] }));
+    }
     let out = edge
         .backends
         .store
@@ -128,7 +652,7 @@ pub(super) async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer 
         .await
         .map_err(store_error)?;
     if out.deleted {
-        notify_sessions_changed(edge, key.as_str(), "delete");
+        notify_sessions_changed(edge, key.as_str(), None, "delete");
     }
     Ok(json!({ "ok": true, "key": key.as_str(), "deleted": out.deleted, "archived": [] }))
 }

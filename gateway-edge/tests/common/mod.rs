@@ -376,22 +376,44 @@ pub const READ: &str = "operator.read";
 pub const WRITE: &str = "operator.write";
 pub const ADMIN: &str = "operator.admin";
 
-/// The scope a method needs per the protocol's table (§7, plus this edge's
-/// `runs.resume` extension, read); `None` is exempt. Written from the spec,
-/// not from the edge's code, so tests check the edge against it.
+pub const QUESTIONS: &str = "operator.questions";
+pub const APPROVALS: &str = "operator.approvals";
+
+/// The scope a method needs per the protocol's table (§7, the real
+/// gateway's method scopes, plus this edge's `runs.resume` extension,
+/// read); `None` is exempt. Written from the spec, not from the edge's
+/// code, so tests check the edge against it.
 pub fn required_scope(method: &str) -> Option<&'static str> {
+    required_scope_with(method, &serde_json::json!({}))
+}
+
+/// As [`required_scope`], for the methods whose scope depends on params.
+pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str> {
     match method {
         "health" => None,
         "status"
         | "agents.list"
         | "chat.history"
+        | "chat.startup"
+        | "chat.metadata"
         | "sessions.list"
+        | "sessions.describe"
+        | "sessions.resolve"
         | "sessions.subscribe"
         | "sessions.unsubscribe"
+        | "sessions.messages.subscribe"
+        | "sessions.messages.unsubscribe"
+        | "models.list"
+        | "commands.list"
+        | "taskSuggestions.list"
         | "runs.resume"
         | "system-presence"
         | "config.get" => Some(READ),
-        "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.send" => Some(WRITE),
+        "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.send"
+        | "sessions.create" | "sessions.patch" => Some(WRITE),
+        "sessions.delete" if params.get("archivedOnly") == Some(&Value::Bool(true)) => Some(WRITE),
+        "question.list" => Some(QUESTIONS),
+        "plugin.approval.list" | "exec.approval.list" => Some(APPROVALS),
         _ => Some(ADMIN),
     }
 }

@@ -1,0 +1,170 @@
+//! What a client can choose from: `models.list` (the models of the agent
+//! runtime the coordinator executes runs through), `commands.list` (the
+//! slash commands this edge interprets), and the empty inboxes this edge
+//! has nothing for (`question.list`, `plugin.approval.list`,
+//! `exec.approval.list`, `taskSuggestions.list`): no runtime here asks
+//! questions, requests approvals or suggests tasks, so each is truthfully
+//! empty.
+
+use std::sync::Arc;
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use serde_json::{Value, json};
+
+use super::{Answer, backend_error, fail};
+use crate::edge::Edge;
+use crate::params::Params;
+
+/// The runtime's models, as the coordinator describes them.
+pub(super) async fn runtime_catalog(
+    edge: &Arc<Edge>,
+) -> Result<pb::DescribeRuntimeResponse, (crate::frames::ErrorShape, Option<Value>)> {
+    edge.backends
+        .coordinator
+        .describe_runtime(pb::DescribeRuntimeRequest {})
+        .await
+        .map_err(backend_error)
+}
+
+/// `provider/id`, the protocol's model reference.
+pub(super) fn model_ref(model: &clawgate_proto::agent_runtime::v1::Model) -> String {
+    format!("{}/{}", model.provider, model.id)
+}
+
+/// The reference of the model a run without a choice uses.
+pub(super) fn default_model_ref(catalog: &pb::DescribeRuntimeResponse) -> Option<String> {
+    let by_id = catalog
+        .models
+        .iter()
+        .find(|m| m.id == catalog.default_model);
+    by_id.or(catalog.models.first()).map(model_ref)
+}
+
+pub(super) const MODELS_LIST_KEYS: &[&str] = &[
+    "agentId",
+    "sessionKey",
+    "authProfileId",
+    "provider",
+    "includeDetails",
+    "includeProviderCapabilities",
+    "includeDefaultModels",
+    "preparedOnly",
+    "refresh",
+    "view",
+];
+
+pub(super) async fn models_list(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("models.list", params, MODELS_LIST_KEYS).map_err(fail)?;
+    p.one_of("view", &["default", "configured", "provider-config", "all"])
+        .map_err(fail)?;
+    if p.boolean("preparedOnly").map_err(fail)? == Some(true)
+        && p.boolean("refresh").map_err(fail)? == Some(true)
+    {
+        return Err(fail(
+            p.error("preparedOnly and refresh cannot be used together"),
+        ));
+    }
+    if p.value("sessionKey").is_some() && p.value("authProfileId").is_some() {
+        return Err(fail(
+            p.error("sessionKey and authProfileId cannot be used together"),
+        ));
+    }
+    let provider = p.optional_non_empty("provider").map_err(fail)?;
+    let catalog = runtime_catalog(edge).await?;
+    let models: Vec<Value> = catalog
+        .models
+        .iter()
+        .filter(|m| provider.is_none_or(|p| p == m.provider))
+        .map(|m| {
+            let mut row = json!({
+                "id": m.id,
+                "name": if m.name.is_empty() { &m.id } else { &m.name },
+                "provider": m.provider,
+                "available": true,
+                "reasoning": m.reasoning,
+                "input": m.input,
+            });
+            if m.context_window > 0 {
+                row["contextWindow"] = json!(m.context_window);
+            }
+            row
+        })
+        .collect();
+    Ok(json!({ "models": models }))
+}
+
+/// A slash command this edge interprets in `chat.send` and `agent`.
+pub(super) struct SlashCommand {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub accepts_args: bool,
+}
+
+pub(super) const SLASH_COMMANDS: &[SlashCommand] = &[
+    SlashCommand {
+        name: "stop",
+        description: "Stop the session's active run",
+        accepts_args: false,
+    },
+    SlashCommand {
+        name: "new",
+        description: "Start a new session (the transcript starts afresh)",
+        accepts_args: true,
+    },
+    SlashCommand {
+        name: "reset",
+        description: "Reset the session (the transcript starts afresh)",
+        accepts_args: true,
+    },
+];
+
+pub(super) const COMMANDS_LIST_KEYS: &[&str] =
+    &["sessionKey", "agentId", "provider", "scope", "includeArgs"];
+
+pub(super) async fn commands_list(params: &Value) -> Answer {
+    let p = Params::new("commands.list", params, COMMANDS_LIST_KEYS).map_err(fail)?;
+    let scope = p
+        .one_of("scope", &["text", "native", "both"])
+        .map_err(fail)?
+        .unwrap_or("both");
+    p.boolean("includeArgs").map_err(fail)?;
+    // Every command here is typed as text; none is a native (menu) command.
+    if scope == "native" {
+        return Ok(json!({ "commands": [] }));
+    }
+    let commands: Vec<Value> = SLASH_COMMANDS
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "textAliases": [format!("/{}", c.name)],
+                "description": c.description,
+                "category": "session",
+                "source": "native",
+                "scope": "text",
+                "acceptsArgs": c.accepts_args,
+            })
+        })
+        .collect();
+    Ok(json!({ "commands": commands }))
+}
+
+pub(super) const TASK_SUGGESTIONS_KEYS: &[&str] = &["sessionKey", "agentId"];
+
+pub(super) async fn task_suggestions_list(params: &Value) -> Answer {
+    let p = Params::new("taskSuggestions.list", params, TASK_SUGGESTIONS_KEYS).map_err(fail)?;
+    p.optional_non_empty("sessionKey").map_err(fail)?;
+    p.optional_non_empty("agentId").map_err(fail)?;
+    Ok(json!({ "suggestions": [] }))
+}
+
+pub(super) async fn question_list(params: &Value) -> Answer {
+    Params::new("question.list", params, &[]).map_err(fail)?;
+    Ok(json!({ "questions": [] }))
+}
+
+/// `plugin.approval.list` and `exec.approval.list`: the pending requests,
+/// a bare list.
+pub(super) async fn approvals_list() -> Answer {
+    Ok(json!([]))
+}
