@@ -68,6 +68,9 @@ impl SessionStore for FencedStore {
     ) -> StoreResult<DeleteOutcome> {
         self.seen(self.inner.delete_session(key, delete_transcript).await)
     }
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        self.inner.patch_session(req).await
+    }
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         self.seen(self.inner.create_run(new).await)
     }

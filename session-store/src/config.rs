@@ -105,6 +105,10 @@ pub struct LimitArgs {
     /// Largest request_json / outcome_json of a run record, bytes.
     #[arg(long, env = "SESSION_STORE_MAX_RUN_PAYLOAD_BYTES", default_value_t = Limits::default().max_run_payload_bytes)]
     pub max_run_payload_bytes: usize,
+    /// Largest settings object of a session after a PatchSession (compact
+    /// JSON), bytes.
+    #[arg(long, env = "SESSION_STORE_MAX_SETTINGS_BYTES", default_value_t = Limits::default().max_settings_bytes)]
+    pub max_settings_bytes: usize,
 }
 
 impl From<&LimitArgs> for Limits {
@@ -121,6 +125,7 @@ impl From<&LimitArgs> for Limits {
             max_label_chars: a.max_label_chars,
             max_name_chars: a.max_name_chars,
             max_run_payload_bytes: a.max_run_payload_bytes,
+            max_settings_bytes: a.max_settings_bytes,
         }
     }
 }

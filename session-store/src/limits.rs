@@ -29,6 +29,11 @@ pub struct Limits {
     pub max_name_chars: usize,
     /// request_json and outcome_json of a run record, in bytes.
     pub max_run_payload_bytes: usize,
+    /// A session's settings after a PatchSession, as stored (compact JSON),
+    /// in bytes. It depends on the settings already stored, so the backend
+    /// checks it inside the patch's own transaction: `server::open_backend`
+    /// gives it this value.
+    pub max_settings_bytes: usize,
 }
 
 impl Default for Limits {
@@ -45,6 +50,7 @@ impl Default for Limits {
             max_label_chars: 512,
             max_name_chars: 256,
             max_run_payload_bytes: limits::STORE_MAX_RUN_PAYLOAD_BYTES,
+            max_settings_bytes: crate::rules::DEFAULT_MAX_SETTINGS_BYTES,
         }
     }
 }
@@ -93,6 +99,17 @@ impl Limits {
                 value.len(),
                 self.max_run_payload_bytes
             )));
+        }
+        Ok(())
+    }
+
+    /// The shape of a PatchSession that does not depend on the stored
+    /// settings: an object, a label within the label limit. (The size of
+    /// the merged settings is the backend's check.)
+    pub fn check_patch(&self, req: &PatchSession) -> StoreResult<()> {
+        let patch = crate::rules::parse_settings_patch(&req.patch_json)?;
+        if let Some(serde_json::Value::String(label)) = patch.get(LABEL_SETTING) {
+            self.check_label(Some(label))?;
         }
         Ok(())
     }
@@ -252,6 +269,11 @@ impl<S: SessionStore> SessionStore for Checked<S> {
         delete_transcript: bool,
     ) -> StoreResult<DeleteOutcome> {
         self.inner.delete_session(key, delete_transcript).await
+    }
+
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        self.limits.check_patch(&req)?;
+        self.inner.patch_session(req).await
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {

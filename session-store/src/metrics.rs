@@ -30,6 +30,7 @@ enum Operation {
     ListSessions,
     ResetSession,
     DeleteSession,
+    PatchSession,
     CreateRun,
     UpdateRun,
     GetRun,
@@ -42,7 +43,7 @@ enum Operation {
 }
 
 impl Operation {
-    const ALL: [Self; 17] = [
+    const ALL: [Self; 18] = [
         Self::AcquireWriter,
         Self::ReleaseWriter,
         Self::Append,
@@ -51,6 +52,7 @@ impl Operation {
         Self::ListSessions,
         Self::ResetSession,
         Self::DeleteSession,
+        Self::PatchSession,
         Self::CreateRun,
         Self::UpdateRun,
         Self::GetRun,
@@ -77,6 +79,7 @@ impl Operation {
             Self::ListSessions => "list_sessions",
             Self::ResetSession => "reset_session",
             Self::DeleteSession => "delete_session",
+            Self::PatchSession => "patch_session",
             Self::CreateRun => "create_run",
             Self::UpdateRun => "update_run",
             Self::GetRun => "get_run",
@@ -257,6 +260,10 @@ impl<S: SessionStore> SessionStore for Metered<S> {
     ) -> StoreResult<DeleteOutcome> {
         let call = self.inner.delete_session(key, delete_transcript);
         self.timed(Operation::DeleteSession, call).await
+    }
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        let call = self.inner.patch_session(req);
+        self.timed(Operation::PatchSession, call).await
     }
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         self.timed(Operation::CreateRun, self.inner.create_run(new))

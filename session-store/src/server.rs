@@ -70,6 +70,7 @@ pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn Sessio
             let options = EmbeddedOptions {
                 max_batch: config.group_commit_max,
                 partitions: config.partitions,
+                max_settings_bytes: config.limits.max_settings_bytes,
                 ..EmbeddedOptions::default()
             };
             let store = EmbeddedStore::open(&path, options)
@@ -83,6 +84,7 @@ pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn Sessio
                 schema: config.pg_schema.clone(),
                 pool_size: config.pg_pool_size,
                 partitions: config.partitions,
+                max_settings_bytes: config.limits.max_settings_bytes,
             };
             let store = PostgresStore::connect(&url, options)
                 .await

@@ -461,3 +461,138 @@ async fn refusals_quoting_large_input_or_records_stay_within_the_trailer_budget(
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn patch_session_over_the_wire() {
+    let backend = MemoryStore::new().with_max_settings_bytes(64);
+    let server = TestServer::start(Arc::new(backend), ServeOptions::default()).await;
+    let mut client = SessionStoreClient::new(channel(&server).await);
+    let patch = |key: &str, patch_json: &str, create| pb::PatchSessionRequest {
+        session_key: key.into(),
+        patch_json: patch_json.into(),
+        create,
+    };
+    let made = client
+        .patch_session(patch("main", r#"{"archived":true,"label":"L"}"#, true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(made.created);
+    let session = made.session.unwrap();
+    assert_eq!(session.session_key, "agent:main:main");
+    assert_eq!(session.settings_json, r#"{"archived":true}"#);
+    assert_eq!(session.label.as_deref(), Some("L"));
+    let got = client
+        .get_session(pb::GetSessionRequest {
+            session_key: "main".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.session.unwrap().settings_json, r#"{"archived":true}"#);
+
+    let long_label = serde_json::json!({ "label": "l".repeat(513) }).to_string();
+    for (what, request, message_part) in [
+        ("an array", patch("main", "[]", true), "JSON object"),
+        ("not JSON", patch("main", "{", true), "not valid JSON"),
+        (
+            "bad key",
+            patch("agent:main", "{}", true),
+            "malformed sessionKey",
+        ),
+        (
+            "a number label",
+            patch("main", r#"{"label":1}"#, false),
+            "label",
+        ),
+        (
+            "long label",
+            patch("main", &long_label, false),
+            "label is longer",
+        ),
+        (
+            "NUL label",
+            patch("main", r#"{"label":"a\u0000b"}"#, false),
+            "NUL",
+        ),
+        (
+            "unknown session",
+            patch("other", "{}", false),
+            "no such session",
+        ),
+        (
+            "over the backend's limit",
+            patch(
+                "main",
+                &serde_json::json!({ "x": "y".repeat(64) }).to_string(),
+                false,
+            ),
+            "the maximum is 64",
+        ),
+    ] {
+        expect_invalid(what, client.patch_session(request).await, message_part).await;
+    }
+    let got = client
+        .get_session(pb::GetSessionRequest {
+            session_key: "main".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(got.settings_json, r#"{"archived":true}"#, "nothing changed");
+    assert_eq!(got.label.as_deref(), Some("L"));
+    server.stop().await;
+}
+
+/// A fence refusal carries the current session; with settings at their
+/// limit it still fits the trailers: the settings are left out, marked so.
+#[tokio::test]
+async fn a_refusal_with_large_settings_stays_within_the_trailer_budget() {
+    use session_store::SessionStore;
+    use session_store::model::PatchSession;
+
+    let server = TestServer::start(Arc::new(MemoryStore::new()), ServeOptions::default()).await;
+    let mut client = SessionStoreClient::new(channel(&server).await);
+    let remote = server.remote().await;
+    let key = session_store::SessionKey::parse("main").unwrap();
+    let held = client
+        .acquire_writer(pb::AcquireWriterRequest {
+            session_key: "main".into(),
+            run_id: "a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let big = "😀".repeat(4000);
+    remote
+        .patch_session(PatchSession {
+            key: key.clone(),
+            patch_json: serde_json::json!({ "big": big }).to_string(),
+            create: false,
+        })
+        .await
+        .unwrap();
+    let refused = client
+        .acquire_writer(pb::AcquireWriterRequest {
+            session_key: "main".into(),
+            run_id: "b".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the slot is held");
+    assert_eq!(refused.code(), Code::Aborted, "{refused:?}");
+    assert!(trailer_bytes(&refused) < 12 * 1024);
+    assert!(session_store::grpc::status::is_trimmed(&refused));
+    let err = session_store::grpc::status::from_status(refused);
+    let current = err.current_session().expect("the current session travels");
+    assert_eq!(current.fence_token, held.fence_token);
+    assert_eq!(current.settings_json, "{}", "left out");
+    // GetSession reads it whole.
+    let whole = remote.get_session(&key).await.unwrap().unwrap();
+    let settings: serde_json::Value = serde_json::from_str(&whole.settings_json).unwrap();
+    assert_eq!(settings["big"], big);
+    server.stop().await;
+}

@@ -128,6 +128,22 @@ fn seeds(seeded: &Seeded) -> Seeds {
             },
         )
         .with(
+            &path("PatchSession"),
+            &pb::PatchSessionRequest {
+                session_key: KEY.into(),
+                patch_json: r#"{"archived":true,"label":"fuzz label","model":null}"#.into(),
+                create: false,
+            },
+        )
+        .with(
+            &path("PatchSession"),
+            &pb::PatchSessionRequest {
+                session_key: OTHER_KEY.into(),
+                patch_json: r#"{"unread":1}"#.into(),
+                create: true,
+            },
+        )
+        .with(
             &path("CreateRun"),
             &pb::CreateRunRequest {
                 owner_token: None,

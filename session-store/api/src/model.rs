@@ -55,6 +55,36 @@ pub struct Session {
     pub last_run_id: Option<String>,
     pub last_run_status: Option<RunStatus>,
     pub entry_count: u64,
+    /// The client-visible session preferences: a JSON object, `"{}"` when
+    /// none. Opaque to the store (its clients define the keys); changed only
+    /// by `patch_session`.
+    pub settings_json: String,
+}
+
+/// The settings of a session that has none.
+pub const EMPTY_SETTINGS: &str = "{}";
+
+/// The special settings key that is the session's `label` (the column
+/// `ListQuery::search` matches), never kept inside the settings.
+pub const LABEL_SETTING: &str = "label";
+
+/// PatchSession: merges `patch_json` into the session's settings.
+#[derive(Debug, Clone)]
+pub struct PatchSession {
+    pub key: SessionKey,
+    /// A JSON object, merged at the top level (JSON merge patch, one level
+    /// deep): a key with `null` is removed, any other value replaces the
+    /// key's. `"label"`: a string sets the session's label, `null` clears it.
+    pub patch_json: String,
+    /// Create the session when the key has none (else the patch is refused).
+    pub create: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct PatchOutcome {
+    pub session: Session,
+    /// The patch created the session.
+    pub created: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

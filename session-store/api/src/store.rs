@@ -34,6 +34,11 @@ pub trait SessionStore: Send + Sync + 'static {
         key: &SessionKey,
         delete_transcript: bool,
     ) -> StoreResult<DeleteOutcome>;
+    /// Merges a JSON object into the session's settings (top-level merge
+    /// patch; `label` goes to the label), atomically. Creates the session
+    /// when asked to and it has none. Not a transcript write: no fence, no
+    /// owner token, the writer, entries and runs are untouched.
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome>;
 
     /// Insert-if-absent keyed by runId.
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome>;
@@ -107,6 +112,9 @@ impl<T: SessionStore + ?Sized> SessionStore for std::sync::Arc<T> {
         delete_transcript: bool,
     ) -> StoreResult<DeleteOutcome> {
         (**self).delete_session(key, delete_transcript).await
+    }
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        (**self).patch_session(req).await
     }
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         (**self).create_run(new).await

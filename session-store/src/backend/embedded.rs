@@ -32,7 +32,8 @@ use crate::rules::{self, SessionSlot};
 use crate::store::{SessionStore, now_ms};
 
 /// Session key → `SessionSlot` (JSON). Rows are never removed: they carry the
-/// fence counter that must not be reused.
+/// fence counter that must not be reused. Fields added later have serde
+/// defaults, so rows written before them still decode (`settings_json`).
 const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
 /// (sessionId as u128, seq) → `TranscriptEntry` (JSON).
 const TRANSCRIPTS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("transcripts");
@@ -52,6 +53,8 @@ pub struct EmbeddedOptions {
     /// The partition count; written at the first start, checked at every
     /// later one.
     pub partitions: u32,
+    /// The largest settings object of a session (`--max-settings-bytes`).
+    pub max_settings_bytes: usize,
 }
 
 impl Default for EmbeddedOptions {
@@ -60,6 +63,7 @@ impl Default for EmbeddedOptions {
             max_batch: 256,
             queue_depth: 4096,
             partitions: clawgate_common::partition::DEFAULT_PARTITIONS,
+            max_settings_bytes: rules::DEFAULT_MAX_SETTINGS_BYTES,
         }
     }
 }
@@ -73,13 +77,14 @@ pub struct EmbeddedStore {
     db: Arc<Database>,
     jobs: mpsc::Sender<Job>,
     partitions: u32,
+    max_settings_bytes: usize,
 }
 
 impl EmbeddedStore {
     /// Opens (or creates) the store file; recovers it after a crash.
     pub async fn open(path: &Path, options: EmbeddedOptions) -> StoreResult<Self> {
         let path = path.to_owned();
-        let partitions = options.partitions;
+        let (partitions, max_settings_bytes) = (options.partitions, options.max_settings_bytes);
         clawgate_common::partition::check_partitions(partitions).map_err(StoreError::invalid)?;
         let opened = tokio::task::spawn_blocking(move || -> Result<_, redb::Error> {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -122,6 +127,7 @@ impl EmbeddedStore {
             db,
             jobs,
             partitions,
+            max_settings_bytes,
         })
     }
 
@@ -463,6 +469,23 @@ impl SessionStore for EmbeddedStore {
         .await
     }
 
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        let max_settings_bytes = self.max_settings_bytes;
+        self.write(move |txn, now| {
+            let mut slot = load_slot(txn, &req.key)?;
+            let outcome = refused!(rules::patch(
+                &mut slot,
+                &req,
+                now,
+                max_settings_bytes,
+                Uuid::new_v4
+            ));
+            store_slot(txn, &req.key, &slot)?;
+            Ok(Ok(outcome))
+        })
+        .await
+    }
+
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         let partitions = self.partitions;
         self.write(move |txn, now| {
@@ -627,5 +650,69 @@ impl SessionStore for EmbeddedStore {
             }))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store file written before sessions had settings opens, and its
+    /// sessions read `"{}"` until patched.
+    #[tokio::test]
+    async fn sessions_written_before_settings_read_empty_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.redb");
+        let session_id = Uuid::new_v4();
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut sessions = txn.open_table(SESSIONS).unwrap();
+                // A SessionSlot as the store wrote it then.
+                let old = serde_json::json!({
+                    "last_fence": 3,
+                    "current": {
+                        "session_id": session_id,
+                        "writer": null,
+                        "created_at_ms": 1,
+                        "updated_at_ms": 2,
+                        "label": "old one",
+                        "last_run_id": "r",
+                        "last_run_status": "ok",
+                        "entry_count": 0
+                    }
+                });
+                let old = old.to_string();
+                sessions.insert("agent:main:old", old.as_bytes()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let store = EmbeddedStore::open(&path, EmbeddedOptions::default())
+            .await
+            .unwrap();
+        let k = SessionKey::parse("old").unwrap();
+        let session = store.get_session(&k).await.unwrap().unwrap();
+        assert_eq!(session.session_id, session_id);
+        assert_eq!(session.settings_json, "{}");
+        assert_eq!(session.label.as_deref(), Some("old one"));
+        let listed = store.list_sessions(ListQuery {
+            limit: 10,
+            ..ListQuery::default()
+        });
+        assert_eq!(listed.await.unwrap()[0].settings_json, "{}");
+        let patched = store
+            .patch_session(PatchSession {
+                key: k.clone(),
+                patch_json: r#"{"archived":true}"#.into(),
+                create: false,
+            })
+            .await
+            .unwrap();
+        assert!(!patched.created);
+        assert_eq!(patched.session.settings_json, r#"{"archived":true}"#);
+        assert_eq!(patched.session.fence_token, 3);
+        let again = store.get_session(&k).await.unwrap().unwrap();
+        assert_eq!(again.settings_json, r#"{"archived":true}"#);
     }
 }

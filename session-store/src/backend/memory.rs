@@ -16,6 +16,7 @@ use crate::store::{SessionStore, now_ms};
 
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    max_settings_bytes: usize,
 }
 
 struct Inner {
@@ -45,7 +46,14 @@ impl MemoryStore {
                 runs: HashMap::new(),
                 leases: (0..partitions).map(Lease::unowned).collect(),
             }),
+            max_settings_bytes: rules::DEFAULT_MAX_SETTINGS_BYTES,
         }
+    }
+
+    /// The largest settings object of a session (`--max-settings-bytes`).
+    pub fn with_max_settings_bytes(mut self, max_settings_bytes: usize) -> Self {
+        self.max_settings_bytes = max_settings_bytes;
+        self
     }
 }
 
@@ -166,6 +174,20 @@ impl SessionStore for MemoryStore {
         if let (true, Some(old)) = (delete_transcript, outcome.previous_session_id) {
             inner.transcripts.remove(&old);
         }
+        Ok(outcome)
+    }
+
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        let mut inner = self.inner.lock().await;
+        let mut slot = inner.slots.get(&req.key).cloned().unwrap_or_default();
+        let outcome = rules::patch(
+            &mut slot,
+            &req,
+            now_ms(),
+            self.max_settings_bytes,
+            Uuid::new_v4,
+        )?;
+        inner.slots.insert(req.key, slot);
         Ok(outcome)
     }
 

@@ -194,6 +194,18 @@ impl GrpcSessionStore for SessionStoreService {
         Ok(Response::new(delete_to_pb(out)))
     }
 
+    async fn patch_session(
+        &self,
+        request: Request<pb::PatchSessionRequest>,
+    ) -> GrpcResult<pb::PatchSessionResponse> {
+        let req = patch_from_pb(request.into_inner()).map_err(to_status)?;
+        let out = self.store.patch_session(req).await.map_err(to_status)?;
+        Ok(Response::new(pb::PatchSessionResponse {
+            session: Some(session_to_pb(out.session)),
+            created: out.created,
+        }))
+    }
+
     async fn create_run(
         &self,
         request: Request<pb::CreateRunRequest>,

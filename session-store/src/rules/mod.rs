@@ -34,7 +34,20 @@ pub struct SessionState {
     pub last_run_status: Option<RunStatus>,
     /// = the seq of the last transcript entry of this sessionId.
     pub entry_count: u64,
+    /// The session's settings, a JSON object as `serde_json` writes it
+    /// (compact, keys sorted). Records written before settings existed
+    /// have none: `"{}"`.
+    #[serde(default = "empty_settings")]
+    pub settings_json: String,
 }
+
+fn empty_settings() -> String {
+    EMPTY_SETTINGS.to_owned()
+}
+
+/// The default of `--max-settings-bytes`: the largest settings object of a
+/// session, as stored (compact JSON), in bytes.
+pub const DEFAULT_MAX_SETTINGS_BYTES: usize = 16 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Writer {
@@ -53,6 +66,7 @@ impl SessionState {
             last_run_id: None,
             last_run_status: None,
             entry_count: 0,
+            settings_json: empty_settings(),
         }
     }
 
@@ -75,6 +89,7 @@ impl SessionSlot {
             last_run_id: state.last_run_id.clone(),
             last_run_status: state.last_run_status,
             entry_count: state.entry_count,
+            settings_json: state.settings_json.clone(),
         })
     }
 
@@ -238,6 +253,8 @@ pub fn stamp_entries(req: &AppendEntries, first_seq: u64, now_ms: i64) -> Vec<Tr
 }
 
 /// ResetSession: a new sessionId; the writer of the old one is superseded.
+/// The label and the settings stay: a reset replaces the transcript, not
+/// the user's preferences for the session.
 pub fn reset(
     slot: &mut SessionSlot,
     key: &SessionKey,
@@ -246,11 +263,108 @@ pub fn reset(
 ) -> ResetOutcome {
     let old = slot.current.take();
     let label = old.as_ref().and_then(|s| s.label.clone());
-    slot.current = Some(SessionState::fresh(new_session_id, now_ms, label));
+    let mut fresh = SessionState::fresh(new_session_id, now_ms, label);
+    if let Some(old) = &old {
+        fresh.settings_json.clone_from(&old.settings_json);
+    }
+    slot.current = Some(fresh);
     ResetOutcome {
         session: slot.view(key).expect("session exists here"),
         previous_session_id: old.as_ref().map(|s| s.session_id),
         superseded_run_id: old.and_then(|s| s.writer.map(|w| w.run_id)),
+    }
+}
+
+/// PatchSession: merges `req.patch_json` (a JSON object) into the settings
+/// at the top level — `null` removes a key, any other value replaces it
+/// whole — except `label`, which sets (a string) or clears (`null`) the
+/// label and is not kept in the settings. A key without a session gets one
+/// when `req.create` (a new sessionId, no entries, as a first AcquireWriter
+/// makes), else the patch is refused. Merged settings longer than
+/// `max_settings_bytes` are refused. The writer, the fence, the entries and
+/// the last run stay; `updated_at_ms` moves to `now_ms`.
+pub fn patch(
+    slot: &mut SessionSlot,
+    req: &PatchSession,
+    now_ms: i64,
+    max_settings_bytes: usize,
+    new_session_id: impl FnOnce() -> SessionId,
+) -> Result<PatchOutcome, StoreError> {
+    let key = &req.key;
+    let mut patch = parse_settings_patch(&req.patch_json)?;
+    let label = match patch.remove(LABEL_SETTING) {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(serde_json::Value::String(label)) => Some(Some(label)),
+        Some(_) => {
+            return Err(StoreError::invalid(
+                "patch_json: \"label\" must be a string or null",
+            ));
+        }
+    };
+    let created = slot.current.is_none();
+    if created && !req.create {
+        return Err(StoreError::invalid(format!("no such session: {key}")));
+    }
+    let current = slot
+        .current
+        .as_ref()
+        .map_or(EMPTY_SETTINGS, |s| s.settings_json.as_str());
+    let mut settings: serde_json::Map<String, serde_json::Value> = serde_json::from_str(current)
+        .map_err(|e| StoreError::internal(format!("{key}: stored settings are unreadable: {e}")))?;
+    for (name, value) in patch {
+        if value.is_null() {
+            settings.remove(&name);
+        } else {
+            settings.insert(name, value);
+        }
+    }
+    let merged = serde_json::to_string(&settings).expect("a JSON map always serializes");
+    if merged.len() > max_settings_bytes {
+        return Err(StoreError::invalid(format!(
+            "the session's settings would be {} bytes after this patch; the maximum is {max_settings_bytes}",
+            merged.len()
+        )));
+    }
+    // Every check passed: from here on the slot changes.
+    let state = slot
+        .current
+        .get_or_insert_with(|| SessionState::fresh(new_session_id(), now_ms, None));
+    state.settings_json = merged;
+    if let Some(label) = label {
+        state.label = label;
+    }
+    state.updated_at_ms = now_ms;
+    Ok(PatchOutcome {
+        session: slot.view(key).expect("session exists here"),
+        created,
+    })
+}
+
+/// Parses the `patch_json` of a PatchSession: it must be a JSON object.
+pub fn parse_settings_patch(
+    patch_json: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, StoreError> {
+    match serde_json::from_str::<serde_json::Value>(patch_json) {
+        Ok(serde_json::Value::Object(patch)) => Ok(patch),
+        Ok(other) => Err(StoreError::invalid(format!(
+            "patch_json must be a JSON object, not {}",
+            json_kind(&other)
+        ))),
+        Err(e) => Err(StoreError::invalid(format!(
+            "patch_json is not valid JSON: {e}"
+        ))),
+    }
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 
@@ -513,5 +627,61 @@ mod tests {
         let err = acquire(&mut slot, &req, 1, uuid::Uuid::new_v4).unwrap_err();
         assert_eq!(err.code(), "WRITER_CONFLICT");
         assert_eq!(slot, SessionSlot::default());
+    }
+
+    fn patch_req(patch_json: &str, create: bool) -> PatchSession {
+        PatchSession {
+            key: SessionKey::parse("main").unwrap(),
+            patch_json: patch_json.into(),
+            create,
+        }
+    }
+
+    #[test]
+    fn a_refused_patch_changes_nothing() {
+        let mut slot = SessionSlot::default();
+        for (patch, create) in [("{}", false), ("[]", true), (r#"{"label":false}"#, true)] {
+            let req = patch_req(patch, create);
+            let err = super::patch(&mut slot, &req, 1, 64, uuid::Uuid::new_v4).unwrap_err();
+            assert_eq!(err.code(), "INVALID_ARGUMENT", "{patch}");
+            assert_eq!(slot, SessionSlot::default(), "{patch}");
+        }
+        let req = patch_req(r#"{"b":1,"a":{"z":null},"label":"L"}"#, true);
+        let made = super::patch(&mut slot, &req, 5, 64, uuid::Uuid::new_v4).unwrap();
+        assert!(made.created);
+        // Compact, keys sorted; a nested null is a value like any other.
+        assert_eq!(made.session.settings_json, r#"{"a":{"z":null},"b":1}"#);
+        assert_eq!(made.session.label.as_deref(), Some("L"));
+        assert_eq!(
+            (made.session.created_at_ms, made.session.updated_at_ms),
+            (5, 5)
+        );
+        let before = slot.clone();
+        let req = patch_req(&format!(r#"{{"c":"{}"}}"#, "x".repeat(64)), false);
+        let err = super::patch(&mut slot, &req, 6, 64, uuid::Uuid::new_v4).unwrap_err();
+        assert!(err.to_string().contains("the maximum is 64"), "{err}");
+        assert_eq!(slot, before);
+    }
+
+    #[test]
+    fn a_reset_keeps_the_settings() {
+        let mut slot = SessionSlot::default();
+        let key = SessionKey::parse("main").unwrap();
+        super::patch(
+            &mut slot,
+            &patch_req(r#"{"m":1}"#, true),
+            1,
+            64,
+            uuid::Uuid::new_v4,
+        )
+        .unwrap();
+        let out = reset(&mut slot, &key, 2, uuid::Uuid::new_v4());
+        assert_eq!(out.session.settings_json, r#"{"m":1}"#);
+        assert!(delete(&mut slot).deleted);
+        let out = reset(&mut slot, &key, 3, uuid::Uuid::new_v4());
+        assert_eq!(
+            out.session.settings_json, "{}",
+            "a deleted session's are gone"
+        );
     }
 }

@@ -5,9 +5,12 @@
 
 pub mod harness;
 pub mod ownership;
+pub mod settings;
 
 #[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
 pub use ownership::*;
+#[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
+pub use settings::*;
 
 use session_store::model::*;
 use session_store::{SessionKey, SessionStore, StoreError};
@@ -893,6 +896,17 @@ macro_rules! conformance_cases {
             owner_tokens_are_checked,
             an_expired_lease_is_taken_and_its_epoch_fenced,
             a_take_is_ordered_after_the_old_tenures_writes,
+            settings_merge_patch_top_level,
+            settings_label_is_the_label_column,
+            settings_patch_must_be_an_object,
+            settings_patch_creates_or_refuses,
+            settings_survive_reset_not_delete,
+            settings_size_limit,
+            settings_patch_needs_no_owner_token,
+        );
+        // The cases that spawn tasks of their own take the shared store.
+        $crate::conformance_cases!(@shared $make;
+            concurrent_settings_patches_all_land,
         );
     };
     (@each $make:path; $($case:ident),* $(,)?) => {
@@ -901,6 +915,16 @@ macro_rules! conformance_cases {
             async fn $case() {
                 let harness = $make().await;
                 $crate::suite::$case(harness.store()).await;
+                harness.finish().await;
+            }
+        )*
+    };
+    (@shared $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $make().await;
+                $crate::suite::$case(harness.shared()).await;
                 harness.finish().await;
             }
         )*

@@ -201,6 +201,19 @@ impl SessionStore for RemoteStore {
         })
     }
 
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        let res = self
+            .client()
+            .patch_session(patch_to_pb(req))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(PatchOutcome {
+            session: session(res.session)?,
+            created: res.created,
+        })
+    }
+
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         let res = self
             .client()

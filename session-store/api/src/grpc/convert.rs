@@ -19,6 +19,7 @@ pub fn session_to_pb(s: Session) -> pb::Session {
         last_run_id: s.last_run_id,
         last_run_status: status_to_pb(s.last_run_status) as i32,
         entry_count: s.entry_count,
+        settings_json: s.settings_json,
     }
 }
 
@@ -34,7 +35,28 @@ pub fn session_from_pb(s: pb::Session) -> Result<Session, StoreError> {
         last_run_id: s.last_run_id,
         last_run_status: status_from_pb(s.last_run_status)?,
         entry_count: s.entry_count,
+        // A store that predates settings sends none: the same as "{}".
+        settings_json: match s.settings_json.as_str() {
+            "" => EMPTY_SETTINGS.to_owned(),
+            _ => s.settings_json,
+        },
     })
+}
+
+pub fn patch_from_pb(r: pb::PatchSessionRequest) -> Result<PatchSession, StoreError> {
+    Ok(PatchSession {
+        key: SessionKey::parse(&r.session_key)?,
+        patch_json: r.patch_json,
+        create: r.create,
+    })
+}
+
+pub fn patch_to_pb(p: PatchSession) -> pb::PatchSessionRequest {
+    pb::PatchSessionRequest {
+        session_key: p.key.as_str().to_owned(),
+        patch_json: p.patch_json,
+        create: p.create,
+    }
 }
 
 pub fn status_to_pb(status: Option<RunStatus>) -> pb::RunStatus {

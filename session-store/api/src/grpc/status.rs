@@ -78,9 +78,10 @@ pub fn to_status(err: StoreError) -> Status {
 
 /// Keeps the encoded detail within `MAX_DETAIL_BYTES` (it travels in the
 /// trailers, see `clawgate_proto::status_detail`): a run record's payloads
-/// (each up to `max_run_payload_bytes`) go first, then the session's label.
-/// What is left is bounded by the fixed limits on keys and ids (≈ 4 KiB at
-/// most, all characters 4 bytes wide).
+/// (each up to `max_run_payload_bytes`) go first, then the session's
+/// settings (up to `max_settings_bytes`), then its label. What is left is
+/// bounded by the fixed limits on keys and ids (≈ 4 KiB at most, all
+/// characters 4 bytes wide).
 fn trim(detail: &mut pb::StoreErrorDetail) {
     use prost::Message;
     let fits = |d: &pb::StoreErrorDetail| d.encoded_len() <= MAX_DETAIL_BYTES;
@@ -91,6 +92,12 @@ fn trim(detail: &mut pb::StoreErrorDetail) {
     if let Some(run) = &mut detail.current_run {
         run.request_json.clear();
         run.outcome_json = None;
+    }
+    if !fits(detail)
+        && let Some(session) = &mut detail.current_session
+    {
+        // Empty reads as "{}" on the client; `trimmed` says it was cut.
+        session.settings_json.clear();
     }
     if !fits(detail)
         && let Some(session) = &mut detail.current_session

@@ -46,6 +46,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../../../migrations/0002_transcript.sql")),
     (3, include_str!("../../../migrations/0003_runs.sql")),
     (4, include_str!("../../../migrations/0004_ownership.sql")),
+    (
+        5,
+        include_str!("../../../migrations/0005_session_settings.sql"),
+    ),
 ];
 
 /// Advisory lock serializing schema creation and migrations across replicas.
@@ -64,6 +68,8 @@ pub struct PgOptions {
     /// The partition count; written at the first start, checked at every
     /// later one.
     pub partitions: u32,
+    /// The largest settings object of a session (`--max-settings-bytes`).
+    pub max_settings_bytes: usize,
 }
 
 impl Default for PgOptions {
@@ -72,6 +78,7 @@ impl Default for PgOptions {
             schema: None,
             pool_size: 16,
             partitions: clawgate_common::partition::DEFAULT_PARTITIONS,
+            max_settings_bytes: rules::DEFAULT_MAX_SETTINGS_BYTES,
         }
     }
 }
@@ -80,6 +87,7 @@ impl Default for PgOptions {
 pub struct PostgresStore {
     pool: Pool,
     partitions: u32,
+    max_settings_bytes: usize,
 }
 
 impl PostgresStore {
@@ -105,7 +113,11 @@ impl PostgresStore {
             .max_size(options.pool_size.max(1))
             .build()
             .map_err(StoreError::internal)?;
-        let store = Self { pool, partitions };
+        let store = Self {
+            pool,
+            partitions,
+            max_settings_bytes: options.max_settings_bytes,
+        };
         store.migrate(schema).await?;
         Ok(store)
     }
@@ -367,6 +379,19 @@ impl SessionStore for PostgresStore {
         Ok(outcome)
     }
 
+    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+        let mut client = self.client().await?;
+        let tx = begin(&mut client, false).await?;
+        // The session row is locked FOR UPDATE from the read to the commit,
+        // so concurrent patches apply one after the other (none is lost).
+        let outcome = apply(&tx, &req.key, req.create, |slot| {
+            rules::patch(slot, &req, now_ms(), self.max_settings_bytes, Uuid::new_v4)
+        })
+        .await?;
+        commit(tx).await?;
+        Ok(outcome)
+    }
+
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         let mut client = self.client().await?;
         let tx = begin(&mut client, false).await?;
@@ -586,12 +611,13 @@ async fn apply<T>(
             writer.map(|w| to_db(w.fence)),
         );
         #[rustfmt::skip]
-        let params: [&(dyn ToSql + Sync); 11] = [
+        let params: [&(dyn ToSql + Sync); 12] = [
             &key.as_str(), &to_db(slot.last_fence), &session_id, &writer.map(|w| w.run_id.as_str()),
             &writer_fence, &s.map(|s| s.created_at_ms), &s.map(|s| s.updated_at_ms),
             &s.and_then(|s| s.label.as_deref()), &s.and_then(|s| s.last_run_id.as_deref()),
             &s.and_then(|s| s.last_run_status.map(RunStatus::as_str)),
             &to_db(s.map_or(0, |s| s.entry_count)),
+            &s.map_or(EMPTY_SETTINGS, |s| s.settings_json.as_str()),
         ];
         if run(tx, UPDATE_SESSION, &params).await? != 1 {
             return Err(StoreError::internal(format!(

@@ -65,6 +65,7 @@ pub(super) fn slot_from_row(row: &Row) -> StoreResult<SessionSlot> {
             last_run_id: col(row, 8)?,
             last_run_status: last_run_status.as_deref().map(parse_status).transpose()?,
             entry_count: from_db(col(row, 10)?),
+            settings_json: col(row, 11)?,
         }),
     })
 }

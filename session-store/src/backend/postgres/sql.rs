@@ -5,8 +5,8 @@ macro_rules! select_sessions {
     ($($tail:expr),+) => {
         concat!(
             "SELECT session_key, last_fence, session_id::text, writer_run_id, writer_fence, \
-             created_at_ms, updated_at_ms, label, last_run_id, last_run_status, entry_count \
-             FROM sessions ", $($tail),+)
+             created_at_ms, updated_at_ms, label, last_run_id, last_run_status, entry_count, \
+             settings FROM sessions ", $($tail),+)
     };
 }
 macro_rules! select_runs {
@@ -31,7 +31,8 @@ pub(super) const INSERT_SESSION: &str = "INSERT INTO sessions (session_key, last
      ON CONFLICT (session_key) DO NOTHING";
 pub(super) const UPDATE_SESSION: &str = "UPDATE sessions SET last_fence = $2, session_id = $3::text::uuid, \
      writer_run_id = $4, writer_fence = $5, created_at_ms = $6, updated_at_ms = $7, label = $8, \
-     last_run_id = $9, last_run_status = $10, entry_count = $11 WHERE session_key = $1";
+     last_run_id = $9, last_run_status = $10, entry_count = $11, settings = $12 \
+     WHERE session_key = $1";
 /// Newest first, ties by key (bytewise, as in Rust); keyset paging after ($2, $3).
 pub(super) const LIST_SESSIONS: &str = select_sessions!(
     "WHERE session_id IS NOT NULL AND ($1::bigint IS NULL OR updated_at_ms >= $1) \

@@ -356,3 +356,59 @@ fn pure_helpers() {
     assert!(checked_schema("ok_1").is_ok());
     assert!(checked_schema("Bad\"").is_err() && checked_schema("").is_err());
 }
+
+/// A database migrated before settings existed: migration 5 gives its
+/// session rows `"{}"`, and they can be patched.
+#[tokio::test]
+async fn sessions_from_before_settings_read_empty_settings() {
+    with_schema(|schema| async move {
+        let (client, connection) = parse_url(&url()).unwrap().connect(NoTls).await.unwrap();
+        let driver = tokio::spawn(connection);
+        let session_id = Uuid::new_v4();
+        let mut sql = format!(
+            "CREATE SCHEMA \"{schema}\"; SET search_path TO \"{schema}\"; \
+             CREATE TABLE schema_migrations (version bigint PRIMARY KEY, \
+             applied_at timestamptz NOT NULL DEFAULT now());"
+        );
+        for (version, migration) in MIGRATIONS.iter().filter(|(v, _)| *v < 5) {
+            sql.push_str(migration);
+            sql.push_str(&format!(
+                "\nINSERT INTO schema_migrations (version) VALUES ({version});"
+            ));
+        }
+        sql.push_str(&format!(
+            "INSERT INTO sessions (session_key, last_fence, session_id, created_at_ms, \
+             updated_at_ms, label) VALUES ('agent:main:old', 2, '{session_id}', 1, 2, 'old one');"
+        ));
+        client.batch_execute(&sql).await.unwrap();
+        drop(client);
+        let _ = driver.await;
+
+        let store = open(&schema).await;
+        let k = key("old");
+        let session = store.get_session(&k).await.unwrap().unwrap();
+        assert_eq!(session.session_id, session_id);
+        assert_eq!(session.settings_json, "{}");
+        assert_eq!(session.label.as_deref(), Some("old one"));
+        let patched = store
+            .patch_session(PatchSession {
+                key: k.clone(),
+                patch_json: r#"{"archived":true,"label":null}"#.into(),
+                create: false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(patched.session.settings_json, r#"{"archived":true}"#);
+        assert_eq!(patched.session.label, None);
+        assert_eq!(patched.session.fence_token, 2);
+        // A delete leaves the row (its fence) without settings.
+        store.delete_session(&k, true).await.unwrap();
+        let client = store.client().await.unwrap();
+        let row = fetch_opt(&client, SELECT_SESSION, &[&k.as_str()])
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(col::<String>(&row, 11).unwrap(), "{}");
+    })
+    .await;
+}
