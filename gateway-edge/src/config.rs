@@ -98,6 +98,9 @@ pub struct EdgeConfig {
     /// Largest frame after the handshake, bytes (advertised as policy.maxPayload).
     #[arg(long, env = "EDGE_MAX_PAYLOAD", default_value_t = limits::EDGE_MAX_PAYLOAD)]
     pub max_payload: usize,
+    /// Most connections the presence list shows (the newest).
+    #[arg(long, env = "EDGE_PRESENCE_MAX_ENTRIES", default_value_t = 100)]
+    pub presence_max_entries: usize,
     /// The queue mode of a message whose send and session name none.
     #[arg(
         long,
@@ -136,6 +139,11 @@ pub struct EdgeConfig {
     /// ignored and the socket's peer is the client.
     #[arg(long, env = "EDGE_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<Cidr>,
+    /// A directory of built Control UI files (the `dist/control-ui` folder
+    /// of an `openclaw` package) to serve at `/`, same origin as the
+    /// WebSocket; unset: no web UI.
+    #[arg(long, env = "EDGE_CONTROL_UI_DIR")]
+    pub control_ui_dir: Option<std::path::PathBuf>,
     /// Browser origins (`scheme://host[:port]`, comma-separated, or `*`)
     /// allowed to open a socket besides the edge's own origin; a socket
     /// without an Origin header (CLI, TUI, services) is always allowed.
@@ -146,6 +154,9 @@ pub struct EdgeConfig {
 impl EdgeConfig {
     /// Refuses settings that would be unsafe to run with.
     pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(dir) = &self.control_ui_dir {
+            crate::control_ui::ControlUi::open(dir)?;
+        }
         anyhow::ensure!(
             self.preauth_max_bytes <= self.max_payload,
             "EDGE_PREAUTH_MAX_BYTES ({}) must be at most EDGE_MAX_PAYLOAD ({})",

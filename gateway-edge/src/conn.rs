@@ -158,6 +158,8 @@ pub struct Conn {
     pub runs: Mutex<ConnRuns>,
     /// Who the client says it is (`connect.params.client`), for presence.
     pub client: ClientInfo,
+    /// Sessions whose `session.message` events it asked for.
+    pub message_watch: Mutex<HashSet<String>>,
 }
 
 /// The client's self-description at `connect`, and where it connected from.
@@ -232,6 +234,11 @@ impl ConnRuns {
 }
 
 impl Conn {
+    /// Whether it asked for `key`'s `session.message` events.
+    pub fn watches_messages(&self, key: &str) -> bool {
+        self.can_read() && self.message_watch.lock().unwrap().contains(key)
+    }
+
     pub fn is_admin(&self) -> bool {
         self.scopes.iter().any(|s| s == scopes::ADMIN)
     }

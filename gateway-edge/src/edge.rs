@@ -59,6 +59,18 @@ pub struct Edge {
     /// A fresh id per process (`hello-ok.server.bootId`): a client that
     /// sees it change knows the gateway restarted.
     pub boot_id: String,
+    /// When this process started, ms since the epoch (its presence entry).
+    pub started_at_ms: i64,
+    /// Bumped at each presence change (`snapshot.stateVersion.presence`).
+    pub presence_version: AtomicU64,
+    /// A `presence` event is scheduled.
+    pub presence_pending: std::sync::atomic::AtomicBool,
+    /// `session.message` events for `sessions.messages.subscribe`.
+    pub session_feed: crate::session_feed::SessionFeed,
+    /// Control UI preferences (`users.prefs.*`), per user, in memory.
+    pub user_prefs: crate::methods::UserPrefs,
+    /// The Control UI files served at `/`, when configured.
+    pub control_ui: Option<crate::control_ui::ControlUi>,
     next_conn: AtomicU64,
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     preauth: Mutex<HashMap<IpAddr, usize>>,
@@ -123,6 +135,11 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
 
 impl Edge {
     pub fn new(config: EdgeConfig, backends: Backends) -> Arc<Self> {
+        // `EdgeConfig::check` has refused a directory that does not open.
+        let control_ui = config
+            .control_ui_dir
+            .as_deref()
+            .and_then(|dir| crate::control_ui::ControlUi::open(dir).ok());
         let device_tokens = match &config.device_token_secret {
             Some(secret) => {
                 crate::device::DeviceTokens::new(Sha256::digest(secret.as_bytes()).into())
@@ -135,6 +152,12 @@ impl Edge {
             started: Instant::now(),
             version: env!("CARGO_PKG_VERSION"),
             boot_id: uuid::Uuid::new_v4().to_string(),
+            started_at_ms: session_store_api::store::now_ms(),
+            presence_version: AtomicU64::new(1),
+            presence_pending: Default::default(),
+            control_ui,
+            user_prefs: Default::default(),
+            session_feed: Default::default(),
             next_conn: AtomicU64::new(1),
             conns: RwLock::new(HashMap::new()),
             preauth: Mutex::new(HashMap::new()),

@@ -20,6 +20,8 @@ pub const SERVED_EVENTS: &[&str] = &[
     "agent",
     "chat",
     "sessions.changed",
+    "session.message",
+    "presence",
     "tick",
     "health",
     "shutdown",
@@ -165,7 +167,7 @@ impl RunMemory {
                     sessions_only: true,
                     droppable: true,
                     ..plain("sessions.changed", json!({
-                        "sessionKey": session_key, "reason": "send", "phase": "start", "runId": run_id, "ts": event.ts_ms,
+                        "sessionKey": session_key, "agentId": "main", "phase": "start", "runId": run_id, "ts": event.ts_ms,
                     }))
                 });
             }
@@ -208,7 +210,7 @@ impl RunMemory {
                     sessions_only: true,
                     droppable: true,
                     ..plain("sessions.changed", json!({
-                        "sessionKey": session_key, "reason": "send", "phase": "end", "runId": run_id, "ts": event.ts_ms,
+                        "sessionKey": session_key, "agentId": "main", "phase": "end", "runId": run_id, "ts": event.ts_ms,
                     }))
                 });
             }
@@ -356,6 +358,7 @@ pub async fn run(edge: Arc<Edge>) {
                             for conn in edge.connections() {
                                 deliver(&conn, segment, &event, &outgoing);
                             }
+                            edge.session_feed.on_event(&edge, &event);
                         }
                         Ok(Some(pb::SubscribeResponse {
                             item: Some(pb::subscribe_response::Item::Subscribed(_)),

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod conn;
+pub mod control_ui;
 pub mod coordinators;
 pub mod device;
 pub mod edge;
@@ -23,7 +24,9 @@ pub mod metrics;
 pub mod params;
 pub mod peer;
 pub mod preauth_io;
+pub mod presence;
 pub mod scopes;
 pub mod server;
+pub mod session_feed;
 pub mod socket;
 pub mod trace;

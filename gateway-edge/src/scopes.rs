@@ -40,7 +40,6 @@ const UNSERVED_READ: &[&str] = &[
     "channels.status",
     "usage.status",
     "usage.cost",
-    "config.get",
     "last-heartbeat",
     "node.list",
     "node.describe",
@@ -55,14 +54,7 @@ const UNSERVED_READ: &[&str] = &[
 ];
 
 /// Write-classified methods of the protocol that this edge does not serve.
-const UNSERVED_WRITE: &[&str] = &[
-    "send",
-    "poll",
-    "wake",
-    "sessions.send",
-    "sessions.steer",
-    "sessions.abort",
-];
+const UNSERVED_WRITE: &[&str] = &["send", "poll", "wake", "sessions.send", "sessions.steer"];
 
 /// The scope an unserved (or unknown) method needs, so that a caller
 /// without it hears about the scope before it hears the method is not
@@ -131,7 +123,7 @@ mod tests {
         assert_eq!(err.code, "FORBIDDEN");
         assert_eq!(err.message, "missing scope: operator.read");
         assert_eq!(unserved_scope("no.such.method"), ADMIN);
-        assert_eq!(unserved_scope("config.get"), READ);
+        assert_eq!(unserved_scope("logs.tail"), READ);
         assert_eq!(unserved_scope("config.set"), ADMIN);
         assert_eq!(unserved_scope("sessions.send"), WRITE);
         assert_eq!(

@@ -1,5 +1,7 @@
 //! `serve(config, listener, shutdown)`: the HTTP listener. Plain GETs of
-//! `/healthz`, `/readyz` and `/metrics` are answered over HTTP; an upgrade on any path
+//! `/healthz`, `/readyz` and `/metrics` are answered over HTTP, any other
+//! path from the Control UI directory when one is configured
+//! (`control_ui.rs`); an upgrade on any path
 //! becomes a gateway WebSocket, within a per-IP budget of unauthenticated
 //! sockets (503 over it) and a connection cap.
 
@@ -59,7 +61,12 @@ async fn route(
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     if !is_websocket_upgrade(&req) {
-        return Ok(match req.uri().path() {
+        let path = req.uri().path();
+        let reserved = ["/healthz", "/readyz", "/metrics"].contains(&path);
+        if let (Some(ui), false) = (&edge.control_ui, reserved) {
+            return Ok(ui.respond(req.method(), path).await);
+        }
+        return Ok(match path {
             "/healthz" => plain(StatusCode::OK, "ok\n"),
             "/metrics" => clawgate_telemetry::metrics::response(&registry),
             "/readyz" if edge.shutdown.is_cancelled() => {

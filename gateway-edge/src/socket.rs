@@ -149,15 +149,21 @@ pub async fn run(
         }
     };
     let (conn, reader) = match accept_connect(&edge, &request, &nonce, &peer) {
-        Ok((conn, reader, hello)) => {
+        Ok((conn, reader, mut hello)) => {
             // Registered before hello-ok leaves, so every run event from the
             // moment the client learns it is connected reaches it; events
             // queue in the outbox, which is written only after hello-ok.
             edge.register(conn.clone());
+            hello["snapshot"]["presence"] = json!(crate::presence::list(&edge));
+            hello["snapshot"]["stateVersion"]["presence"] = json!(
+                edge.presence_version
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            );
             if !send_text(&mut socket, frames::ok_response(&request.id, hello)).await {
                 edge.unregister(conn.id);
                 return;
             }
+            crate::presence::broadcast(&edge);
             (conn, reader)
         }
         Err(rejection) => {
@@ -233,6 +239,7 @@ fn accept_connect(
             ip: peer.ip.to_string(),
             connected_at_ms: now_ms(),
         },
+        message_watch: Default::default(),
     });
     let hello = json!({
         "type": "hello-ok",
@@ -244,6 +251,7 @@ fn accept_connect(
             "capabilities": CAPABILITIES,
         },
         "snapshot": {
+            // Filled once the connection is registered (`run`), so it is listed.
             "presence": [],
             "health": {},
             "stateVersion": { "presence": 0, "health": 0 },
@@ -327,6 +335,7 @@ async fn serve_connection(
         }
     };
     edge.unregister(conn.id);
+    crate::presence::broadcast(&edge);
     conn.outbox.closing.cancel();
     if let Some(order) = order {
         if over_limit {

@@ -494,13 +494,22 @@ fn preauth_frame(rng: &mut Rng, n: usize) -> Frame {
 // ---------------------------------------------------------------------------
 
 /// Served methods whose params are not validated (garbage is fine).
-/// Served methods none of whose params is required.
-const ALL_OPTIONAL: &[&str] = &[
-    "sessions.list",
-    "models.list",
-    "commands.list",
-    "question.list",
-    "taskSuggestions.list",
+/// Served methods with a required param: without params they must refuse.
+const REQUIRE_PARAMS: &[&str] = &[
+    "agent",
+    "agent.wait",
+    "chat.send",
+    "chat.abort",
+    "chat.history",
+    "chat.startup",
+    "sessions.abort",
+    "sessions.reset",
+    "sessions.delete",
+    "sessions.describe",
+    "sessions.patch",
+    "sessions.messages.subscribe",
+    "sessions.messages.unsubscribe",
+    "runs.resume",
 ];
 
 const LENIENT: &[&str] = &[
@@ -575,11 +584,11 @@ fn expect_after_auth(frame: &Frame, held: Option<&str>) -> Option<(String, Check
         Check::ConnectAgain
     } else if LENIENT.contains(&method.as_str()) {
         Check::Ok
-    } else if ALL_OPTIONAL.contains(&method.as_str()) {
+    } else if REQUIRE_PARAMS.contains(&method.as_str()) {
+        Check::ParamsError(method)
+    } else if SERVED_METHODS.contains(&method.as_str()) {
         // Every param is optional: absent or garbage params may be fine.
         Check::Any
-    } else if SERVED_METHODS.contains(&method.as_str()) {
-        Check::ParamsError(method)
     } else {
         Check::UnknownMethod(method)
     };

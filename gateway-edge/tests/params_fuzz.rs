@@ -155,6 +155,10 @@ fn example(method: &str, session_id: &str) -> Value {
             "timeoutMs": 60_000, "queueMode": "steer",
         }),
         "chat.abort" => json!({ "sessionKey": "main", "runId": "edge-done" }),
+        "sessions.abort" => json!({ "key": "main", "runId": "edge-done", "clearQueued": true }),
+        "sessions.messages.subscribe" => json!({ "key": "main", "includeApprovals": true }),
+        "sessions.messages.unsubscribe" => json!({ "key": "main" }),
+        "users.prefs.set" => json!({ "entries": { "ui.theme": "dark" } }),
         "chat.history" => json!({
             "sessionKey": "main", "limit": 10, "maxChars": 1000, "sessionId": session_id,
             "messageId": format!("{session_id}:1"), "maxBytes": 262_144,

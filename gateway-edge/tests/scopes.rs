@@ -56,7 +56,13 @@ fn valid_params(method: &str, tag: &str) -> Value {
         "chat.abort" => json!({"sessionKey": format!("scopes-chat-{tag}")}),
         "sessions.reset" => json!({"key": format!("scopes-reset-{tag}")}),
         "sessions.delete" => json!({"key": format!("scopes-delete-{tag}")}),
-        other => panic!("no params for {other}: add the method to this test"),
+        "sessions.abort" => json!({"key": format!("scopes-chat-{tag}")}),
+        "sessions.messages.subscribe" | "sessions.messages.unsubscribe" => {
+            json!({"key": "scopes-history"})
+        }
+        "users.prefs.set" => json!({"entries": {"ui.theme": tag}}),
+        // Every other method's params are all optional.
+        _ => json!({}),
     }
 }
 
@@ -241,7 +247,7 @@ async fn unknown_and_unserved_methods() {
     let methods = [
         "no.such.method",
         "system-presence",
-        "config.get",
+        "logs.tail",
         "config.set",
         "sessions.send",
         "wizard.start",

@@ -168,3 +168,34 @@ pub(super) async fn question_list(params: &Value) -> Answer {
 pub(super) async fn approvals_list() -> Answer {
     Ok(json!([]))
 }
+
+pub(super) const CHAT_METADATA_KEYS: &[&str] = &["agentId", "authProfileId", "sessionKey"];
+
+/// What a chat's composer offers: the models and the slash commands.
+pub(super) async fn chat_metadata(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("chat.metadata", params, CHAT_METADATA_KEYS).map_err(fail)?;
+    if p.value("sessionKey").is_some() && p.value("authProfileId").is_some() {
+        return Err(fail(
+            p.error("sessionKey and authProfileId cannot be used together"),
+        ));
+    }
+    composer_metadata(edge).await
+}
+
+/// `chat.metadata`'s answer, also `chat.startup`'s `metadata`.
+pub(super) async fn composer_metadata(edge: &Arc<Edge>) -> Answer {
+    let Value::Object(mut models) = models_list(edge, &json!({})).await? else {
+        unreachable!("models.list answers an object");
+    };
+    let Value::Object(commands) = commands_list(&json!({})).await? else {
+        unreachable!("commands.list answers an object");
+    };
+    models.extend(commands);
+    models.insert("swarmEnabled".into(), json!(false));
+    models.insert(
+        "accountSelection".into(),
+        json!({ "kind": "automatic", "label": "Automatic account selection" }),
+    );
+    models.insert("runtimeSelectionLocked".into(), json!(false));
+    Ok(Value::Object(models))
+}

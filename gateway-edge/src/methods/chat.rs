@@ -165,6 +165,33 @@ pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Valu
         p.required_non_empty("sessionKey").map_err(fail)?,
     )?;
     let run_id = p.optional_non_empty("runId").map_err(fail)?;
+    abort(edge, conn, &session, run_id).await
+}
+
+pub(super) const SESSIONS_ABORT_KEYS: &[&str] = &["key", "agentId", "runId", "clearQueued"];
+
+/// `sessions.abort`: `chat.abort` by session key. Queued runs of the
+/// session are aborted with the active one whether or not `clearQueued`
+/// says so (a queued run here is a run: it is cancelled as one).
+pub(super) async fn sessions_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
+    let p = Params::new("sessions.abort", params, SESSIONS_ABORT_KEYS).map_err(fail)?;
+    let session = key_for("sessions.abort", p.required_non_empty("key").map_err(fail)?)?;
+    p.boolean("clearQueued").map_err(fail)?;
+    let run_id = p.optional_non_empty("runId").map_err(fail)?;
+    let mut answer = abort(edge, conn, &session, run_id).await?;
+    let aborted = answer["aborted"] == true;
+    answer["status"] = json!(if aborted { "aborted" } else { "no-active-run" });
+    Ok(answer)
+}
+
+/// Aborts `run_id`, or every unfinished run of `session`, that the
+/// connection may abort.
+async fn abort(
+    edge: &Arc<Edge>,
+    conn: &Arc<Conn>,
+    session: &session_store_api::SessionKey,
+    run_id: Option<&str>,
+) -> Answer {
     if let Some(run_id) = run_id {
         trace::record_run(run_id);
     }

@@ -12,7 +12,9 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use session_store_api::model::{HistoryCursor, HistoryPage, HistoryQuery, SessionId};
+use session_store_api::model::{
+    HistoryCursor, HistoryPage, HistoryQuery, SessionId, TranscriptEntry,
+};
 use session_store_api::{SessionKey, SessionStore};
 
 use super::sessions::session_info;
@@ -301,22 +303,32 @@ fn messages_of(page: &HistoryPage) -> Vec<Value> {
     let id = page.session_id.map(|id| id.to_string()).unwrap_or_default();
     page.entries
         .iter()
-        .map(|e| {
-            let content: Value =
-                serde_json::from_str(&e.content_json).unwrap_or_else(|_| json!(e.content_json));
-            let usage = e
-                .metadata
-                .usage_json
-                .as_deref()
-                .and_then(|u| serde_json::from_str::<Value>(u).ok());
-            frames::without_nulls(json!({
-                "role": e.role, "content": content, "timestamp": e.timestamp_ms,
-                "stopReason": e.metadata.stop_reason, "usage": usage,
-                "aborted": e.metadata.aborted.then_some(true),
-                "__openclaw": { "id": message_id(&id, e.seq), "seq": e.seq, "runId": e.run_id },
-            }))
-        })
+        .map(|e| transcript_message(&id, e))
         .collect()
+}
+
+/// One transcript entry of session `id` as a protocol message.
+pub(crate) fn transcript_message(id: &str, e: &TranscriptEntry) -> Value {
+    let content: Value =
+        serde_json::from_str(&e.content_json).unwrap_or_else(|_| json!(e.content_json));
+    let usage = e
+        .metadata
+        .usage_json
+        .as_deref()
+        .and_then(|u| serde_json::from_str::<Value>(u).ok());
+    // A user turn carries its run's idempotency key, by which a
+    // client matches the message it showed while sending.
+    let idempotency_key = (e.role == "user").then(|| format!("{}:user", e.run_id));
+    frames::without_nulls(json!({
+        "role": e.role, "content": content, "timestamp": e.timestamp_ms,
+        "stopReason": e.metadata.stop_reason, "usage": usage,
+        "aborted": e.metadata.aborted.then_some(true),
+        "idempotencyKey": idempotency_key,
+        "__openclaw": {
+            "id": message_id(id, e.seq), "seq": e.seq, "runId": e.run_id,
+            "idempotencyKey": idempotency_key,
+        },
+    }))
 }
 
 /// The newest messages whose JSON fits in `max_bytes` (all without a

@@ -17,6 +17,10 @@ mod health;
 mod history;
 mod runs;
 mod sessions;
+mod surfaces;
+
+pub(crate) use history::transcript_message;
+pub use surfaces::UserPrefs;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -74,6 +78,8 @@ enum Scope {
 /// One served method.
 struct Method {
     name: &'static str,
+    /// Listed in `hello-ok.features.methods`.
+    advertised: bool,
     scope: Scope,
     /// The keys of its closed params schema (none: it takes no params and
     /// ignores what it gets).
@@ -81,27 +87,40 @@ struct Method {
     handler: Handler,
 }
 
-/// Served but not advertised, as in the protocol (`sessions.resolve` is a
-/// lookup clients call by name).
-const UNADVERTISED: &[&str] = &["sessions.resolve"];
+/// `sessions.catalog.list`'s params.
+const CATALOG_KEYS: &[&str] = &[
+    "agentId",
+    "limitPerHost",
+    "progressId",
+    "allowPartialResults",
+    "catalogId",
+    "metadataOnly",
+    "cursors",
+];
 
-/// The methods `hello-ok.features.methods` lists.
+/// The methods `hello-ok.features.methods` lists: the served ones but
+/// those marked `(hidden)`: `sessions.resolve` (the protocol serves it
+/// unadvertised) and the side panels of `surfaces.rs` (advertising them
+/// would turn on UI pages whose other methods this edge does not serve).
 pub fn advertised_methods() -> Vec<&'static str> {
-    SERVED_METHODS
+    METHODS
         .iter()
-        .copied()
-        .filter(|m| !UNADVERTISED.contains(m))
+        .filter(|m| m.advertised)
+        .map(|m| m.name)
         .collect()
 }
 
 /// Declares the served methods once: their names and the table.
 macro_rules! method_table {
-    ($( $name:literal, $scope:expr, $params:expr => |$call:ident| $handler:expr; )*) => {
+    (@advertised) => { true };
+    (@advertised hidden) => { false };
+    ($( $name:literal $(($hidden:ident))?, $scope:expr, $params:expr => |$call:ident| $handler:expr; )*) => {
         /// Methods this edge serves.
         pub const SERVED_METHODS: &[&str] = &[$($name),*];
 
         static METHODS: &[Method] = &[$(Method {
             name: $name,
+            advertised: method_table!(@advertised $($hidden)?),
             scope: $scope,
             params: $params,
             handler: |$call| Box::pin($handler),
@@ -119,23 +138,72 @@ method_table! {
     "agents.list", R, &[] => |call| agent::agents_list(call.edge);
     "models.list", R, catalog::MODELS_LIST_KEYS => |call| catalog::models_list(call.edge, call.params());
     "commands.list", R, catalog::COMMANDS_LIST_KEYS => |call| catalog::commands_list(call.params());
+    "chat.metadata", R, catalog::CHAT_METADATA_KEYS => |call| catalog::chat_metadata(call.edge, call.params());
     "agent", W, agent::AGENT_KEYS => |call| agent::agent(call.edge, call.conn, call.request, call.received);
     "agent.wait", W, agent::AGENT_WAIT_KEYS => |call| agent::agent_wait(call.edge, call.params());
     "chat.send", W, chat::CHAT_SEND_KEYS => |call| chat::chat_send(call.edge, call.conn, call.params(), call.received);
     "chat.abort", W, chat::CHAT_ABORT_KEYS => |call| chat::chat_abort(call.edge, call.conn, call.params());
+    "sessions.abort", W, chat::SESSIONS_ABORT_KEYS => |call| chat::sessions_abort(call.edge, call.conn, call.params());
     "chat.history", R, history::HISTORY_KEYS => |call| history::chat_history(call.edge, call.params());
     "chat.startup", R, history::STARTUP_KEYS => |call| history::chat_startup(call.edge, call.params());
     "sessions.list", R, sessions::SESSIONS_LIST_KEYS => |call| sessions::sessions_list(call.edge, call.params());
     "sessions.describe", R, sessions::SESSIONS_DESCRIBE_KEYS => |call| sessions::sessions_describe(call.edge, call.params());
-    "sessions.resolve", R, sessions::SESSIONS_RESOLVE_KEYS => |call| sessions::sessions_resolve(call.edge, call.params());
+    "sessions.resolve" (hidden), R, sessions::SESSIONS_RESOLVE_KEYS => |call| sessions::sessions_resolve(call.edge, call.params());
     "sessions.reset", A, sessions::SESSIONS_RESET_KEYS => |call| sessions::sessions_reset(call);
     "sessions.delete", Scope::ByParams(sessions::delete_scope), sessions::SESSIONS_DELETE_KEYS => |call| sessions::sessions_delete(call.edge, call.params());
     "sessions.subscribe", R, &[] => |call| sessions::subscribe(call.conn, true);
+    "sessions.messages.subscribe", R, sessions::MESSAGES_SUBSCRIBE_KEYS => |call| sessions::messages_subscribe(call, true);
+    "sessions.messages.unsubscribe", R, sessions::MESSAGES_UNSUBSCRIBE_KEYS => |call| sessions::messages_subscribe(call, false);
     "sessions.unsubscribe", R, &[] => |call| sessions::subscribe(call.conn, false);
     "question.list", Scope::Fixed(QUESTIONS), &[] => |call| catalog::question_list(call.params());
     "plugin.approval.list", Scope::Fixed(APPROVALS), &[] => |_call| catalog::approvals_list();
     "exec.approval.list", Scope::Fixed(APPROVALS), &[] => |_call| catalog::approvals_list();
     "taskSuggestions.list", R, catalog::TASK_SUGGESTIONS_KEYS => |call| catalog::task_suggestions_list(call.params());
+    // The Control UI's side panels (`surfaces.rs`), not advertised.
+    "update.status" (hidden), A, &[] => |call| surfaces::constant(call, &[], json!({
+        "sentinel": null, "updateAvailable": null, "effectiveChannel": "stable",
+        "schedule": { "channel": "stable", "autoEnabled": false },
+    }));
+    "plugins.controlUi.list" (hidden), R, &[] => |call| surfaces::constant(call, &[], json!({ "revision": "0", "plugins": [], "diagnostics": [] }));
+    "openclaw.approval.list" (hidden), Scope::Fixed(APPROVALS), &[] => |_call| catalog::approvals_list();
+    "sessions.observer.visibility" (hidden), R, &["visible"] => |call| surfaces::constant(call, &["visible"], json!({ "ok": true }));
+    "agent.identity.get" (hidden), R, &["agentId", "sessionKey"] => |call| surfaces::agent_identity(call);
+    "models.authStatus" (hidden), R, &["refresh", "agentId"] => |call| surfaces::models_auth_status(call);
+    "controlUi.sessionPullRequests.subscribe" (hidden), R, &["sessionKeys"] => |call| surfaces::constant(call, &["sessionKeys"], json!({ "subscribed": false }));
+    "board.get" (hidden), R, &["sessionKey", "agentId"] => |call| surfaces::per_session(call);
+    "progressCard.get" (hidden), R, &["sessionKey", "agentId"] => |call| surfaces::per_session(call);
+    "sessions.branches.list" (hidden), R, &["sessionKey", "agentId"] => |call| surfaces::per_session(call);
+    "session.discussion.info" (hidden), R, &["sessionKey", "agentId"] => |call| surfaces::per_session(call);
+    "sessions.companion.state" (hidden), R, &["sessionKey", "agentId"] => |call| surfaces::per_session(call);
+    "sessions.github.options" (hidden), R, &["sessionKey", "agentId"] => |call| surfaces::per_session(call);
+    "session.members.listEvidence" (hidden), R, &["sessionKey", "agentId"] => |call| surfaces::per_session(call);
+    "sessions.viewers.set" (hidden), R, &["sessionKeys"] => |call| surfaces::viewers_set(call);
+    "projects.list" (hidden), R, &[] => |call| surfaces::constant(call, &[], json!({ "projects": [], "recents": [] }));
+    "talk.catalog" (hidden), R, &["provider", "model"] => |call| surfaces::constant(call, &["provider", "model"], json!({
+        "modes": [], "transports": [], "brains": [], "speech": { "providers": [] },
+        "transcription": { "ready": false, "providers": [] }, "realtime": { "ready": false, "providers": [] },
+    }));
+    "sessions.groups.list" (hidden), R, &[] => |call| surfaces::constant(call, &[], json!({ "groups": [], "sectionOrder": [] }));
+    "sessions.groups.defaults" (hidden), W, &[] => |call| surfaces::constant(call, &[], json!({ "defaults": [] }));
+    "mentions.list" (hidden), R, &[] => |call| surfaces::mentions_list(call);
+    "system.info" (hidden), R, &[] => |call| surfaces::system_info(call);
+    "tasks.list" (hidden), R, &["status", "agentId", "sessionKey", "limit", "cursor", "sortBy"] => |call| surfaces::tasks_list(call);
+    "cron.list" (hidden), R, surfaces::CRON_LIST_KEYS => |call| surfaces::cron_list(call);
+    "cron.status" (hidden), R, &[] => |call| surfaces::constant(call, &[], json!({
+        "enabled": false, "triggersEnabled": false, "jobs": 0, "nextWakeAtMs": null,
+    }));
+    "sessions.catalog.list" (hidden), R, CATALOG_KEYS => |call| surfaces::constant(call, CATALOG_KEYS, json!({ "catalogs": [] }));
+    "environments.list" (hidden), R, &["runtimeId", "projection", "includeDesktopSetup"] => |call| surfaces::environments_list(call);
+    "worktrees.branches" (hidden), W, &["repoRoot", "includeRepositoryStatus"] => |call| surfaces::constant(call, &["repoRoot", "includeRepositoryStatus"], json!({ "branches": [], "repositoryStatus": "unavailable" }));
+    // No OpenClaw config file: this gateway is configured by flags and
+    // environment (`clawgate --help`), none of which the UI can edit.
+    "config.get" (hidden), R, &[] => |call| surfaces::constant(call, &[], json!({
+        "path": "clawgate", "exists": false, "raw": "{}", "parsed": {}, "sourceConfig": {},
+        "resolved": {}, "runtimeConfig": {}, "config": {}, "valid": true, "includedPaths": [],
+        "issues": [], "warnings": [], "legacyIssues": [],
+    }));
+    "users.prefs.get" (hidden), R, &["keys"] => |call| surfaces::prefs_get(call);
+    "users.prefs.set" (hidden), W, &["entries", "expectedEntries"] => |call| surfaces::prefs_set(call);
     "runs.resume", R, runs::RUNS_RESUME_KEYS => |call| runs::runs_resume(call.edge, call.conn, call.params());
 }
 

@@ -82,7 +82,6 @@ pub(super) async fn session_info(
     let in_flight = running.map(|run| {
         frames::without_nulls(json!({
             "runId": run.run_id, "text": run.text, "startedAt": run.started_at_ms,
-            "sessionAbortable": true,
         }))
     });
     let queue_mode = edge.config.default_queue_mode.as_str();
@@ -161,10 +160,12 @@ const SELECTS_ABSENT: &[&str] = &[
 
 pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
     let p = Params::new("sessions.list", params, SESSIONS_LIST_KEYS).map_err(fail)?;
+    // Any limit is valid; a page holds at most MAX_LIST_LIMIT rows.
     let limit = p
-        .integer("limit", 1, MAX_LIST_LIMIT)
+        .integer("limit", 1, u64::MAX)
         .map_err(fail)?
-        .unwrap_or(DEFAULT_LIST_LIMIT);
+        .unwrap_or(DEFAULT_LIST_LIMIT)
+        .min(MAX_LIST_LIMIT);
     let offset = p
         .integer("offset", 0, MAX_LIST_OFFSET)
         .map_err(fail)?
@@ -663,4 +664,40 @@ pub(super) async fn subscribe(conn: &Conn, on: bool) -> Answer {
     conn.sessions_subscribed
         .store(on, std::sync::atomic::Ordering::Relaxed);
     Ok(json!({ "subscribed": on }))
+}
+
+pub(super) const MESSAGES_SUBSCRIBE_KEYS: &[&str] = &["key", "agentId", "includeApprovals"];
+pub(super) const MESSAGES_UNSUBSCRIBE_KEYS: &[&str] = &["key", "agentId"];
+
+/// `sessions.messages.subscribe` (`on`) / `unsubscribe`: whether the
+/// connection gets `key`'s `session.message` events (`session_feed.rs`).
+pub(super) async fn messages_subscribe(call: &Call<'_>, on: bool) -> Answer {
+    let method = &call.request.method;
+    let keys = if on {
+        MESSAGES_SUBSCRIBE_KEYS
+    } else {
+        MESSAGES_UNSUBSCRIBE_KEYS
+    };
+    let p = Params::new(method, call.params(), keys).map_err(fail)?;
+    let key = key_for(method, p.required_non_empty("key").map_err(fail)?)?;
+    check_agent(&p)?;
+    let approvals = on && p.boolean("includeApprovals").map_err(fail)? == Some(true);
+    if on {
+        call.edge.session_feed.follow(call.edge, &key).await;
+        call.conn
+            .message_watch
+            .lock()
+            .unwrap()
+            .insert(key.as_str().to_owned());
+    } else {
+        call.conn.message_watch.lock().unwrap().remove(key.as_str());
+    }
+    let mut answer = json!({ "subscribed": on, "key": key.as_str() });
+    if approvals {
+        // No runtime here asks for approvals: there are none to replay.
+        answer["approvalReplay"] = json!({
+            "sessionKey": key.as_str(), "updatedAtMs": now_ms(), "approvals": [], "truncated": false,
+        });
+    }
+    Ok(answer)
 }

@@ -408,12 +408,38 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "taskSuggestions.list"
         | "runs.resume"
         | "system-presence"
-        | "config.get" => Some(READ),
-        "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.send"
-        | "sessions.create" | "sessions.patch" => Some(WRITE),
+        | "logs.tail"
+        | "config.get"
+        | "plugins.controlUi.list"
+        | "sessions.observer.visibility"
+        | "agent.identity.get"
+        | "models.authStatus"
+        | "controlUi.sessionPullRequests.subscribe"
+        | "board.get"
+        | "sessions.viewers.set"
+        | "projects.list"
+        | "talk.catalog"
+        | "progressCard.get"
+        | "sessions.groups.list"
+        | "mentions.list"
+        | "system.info"
+        | "sessions.branches.list"
+        | "session.discussion.info"
+        | "sessions.companion.state"
+        | "tasks.list"
+        | "users.prefs.get"
+        | "cron.list"
+        | "cron.status"
+        | "sessions.catalog.list"
+        | "sessions.github.options"
+        | "session.members.listEvidence"
+        | "environments.list" => Some(READ),
+        "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
+        "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
+        | "sessions.send" | "sessions.create" | "sessions.patch" => Some(WRITE),
         "sessions.delete" if params.get("archivedOnly") == Some(&Value::Bool(true)) => Some(WRITE),
         "question.list" => Some(QUESTIONS),
-        "plugin.approval.list" | "exec.approval.list" => Some(APPROVALS),
+        "plugin.approval.list" | "exec.approval.list" | "openclaw.approval.list" => Some(APPROVALS),
         _ => Some(ADMIN),
     }
 }

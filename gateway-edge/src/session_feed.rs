@@ -1,0 +1,141 @@
+//! `session.message` events: each message committed to a session's
+//! transcript, pushed to the connections that asked for that session with
+//! `sessions.messages.subscribe`.
+//!
+//! The coordinator's run events say when a transcript may have grown (a
+//! run started, produced its first output, ended); the feed then reads the
+//! store after the last seq it pushed and sends what is new, in seq order.
+//! Reading the store, not the run events, is what makes each message go out
+//! once, as committed: a run event can repeat after a failover, the
+//! transcript cannot. One refresh per session at a time keeps the order.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use clawgate_proto::run_coordinator::v1 as pb;
+use serde_json::json;
+use session_store_api::model::{HistoryCursor, HistoryQuery, SessionId};
+use session_store_api::{SessionKey, SessionStore};
+
+use crate::edge::Edge;
+
+/// Entries one store read fetches.
+const PAGE: u32 = 100;
+
+#[derive(Default)]
+pub struct SessionFeed {
+    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Position>>>>,
+    /// Runs whose first output has been seen (their user turn is in).
+    started: Mutex<HashSet<String>>,
+}
+
+/// What has been pushed for one session.
+#[derive(Debug, Default)]
+struct Position {
+    session_id: Option<SessionId>,
+    last_seq: u64,
+}
+
+impl SessionFeed {
+    /// Starts following `key` from its current end (a subscriber reads the
+    /// history first; the feed sends what comes after).
+    pub async fn follow(&self, edge: &Arc<Edge>, key: &SessionKey) {
+        let position = self.position(key.as_str());
+        let mut position = position.lock().await;
+        if position.session_id.is_none()
+            && let Ok(Some(session)) = edge.backends.store.get_session(key).await
+        {
+            position.session_id = Some(session.session_id);
+            position.last_seq = session.entry_count;
+        }
+    }
+
+    fn position(&self, key: &str) -> Arc<tokio::sync::Mutex<Position>> {
+        self.sessions
+            .lock()
+            .unwrap()
+            .entry(key.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Called for every run event the fanout receives.
+    pub fn on_event(&self, edge: &Arc<Edge>, event: &pb::RunEvent) {
+        use pb::run_event::Body;
+        let grew = match &event.body {
+            Some(Body::Lifecycle(_)) => {
+                self.started.lock().unwrap().remove(&event.run_id);
+                true
+            }
+            Some(Body::Assistant(_) | Body::Tool(_)) => {
+                self.started.lock().unwrap().insert(event.run_id.clone())
+            }
+            _ => false,
+        };
+        if !grew
+            || !self
+                .sessions
+                .lock()
+                .unwrap()
+                .contains_key(&event.session_key)
+        {
+            return;
+        }
+        let (edge, key) = (edge.clone(), event.session_key.clone());
+        tokio::spawn(async move { edge.session_feed.refresh(&edge, &key).await });
+    }
+
+    /// Sends `key`'s entries after the last one sent.
+    async fn refresh(&self, edge: &Arc<Edge>, key: &str) {
+        let watchers: Vec<_> = edge
+            .connections()
+            .into_iter()
+            .filter(|c| c.watches_messages(key))
+            .collect();
+        if watchers.is_empty() {
+            self.sessions.lock().unwrap().remove(key);
+            return;
+        }
+        let Ok(session_key) = SessionKey::parse(key) else {
+            return;
+        };
+        let position = self.position(key);
+        let mut position = position.lock().await;
+        loop {
+            let page = edge
+                .backends
+                .store
+                .history(HistoryQuery {
+                    key: session_key.clone(),
+                    limit: PAGE,
+                    cursor: HistoryCursor::After(position.last_seq),
+                    max_chars: None,
+                    session_id: None,
+                })
+                .await;
+            let Ok(page) = page else { return };
+            // A reset replaced the transcript: its messages start at 1.
+            if page.session_id != position.session_id {
+                position.session_id = page.session_id;
+                position.last_seq = 0;
+                continue;
+            }
+            let id = page.session_id.map(|id| id.to_string()).unwrap_or_default();
+            for entry in &page.entries {
+                let message = crate::methods::transcript_message(&id, entry);
+                let payload = json!({
+                    "sessionKey": key, "agentId": "main", "sessionId": id,
+                    "message": message, "messageId": message["__openclaw"]["id"],
+                    "messageSeq": entry.seq, "runId": entry.run_id,
+                });
+                for conn in &watchers {
+                    conn.outbox.targeted("session.message", &payload, false);
+                }
+                position.last_seq = entry.seq;
+            }
+            if !page.has_more || page.entries.is_empty() {
+                return;
+            }
+        }
+    }
+}
