@@ -16,6 +16,7 @@ mod chat;
 mod health;
 mod history;
 mod runs;
+mod session_list;
 mod sessions;
 mod surfaces;
 
@@ -146,7 +147,7 @@ method_table! {
     "sessions.abort", W, chat::SESSIONS_ABORT_KEYS => |call| chat::sessions_abort(call.edge, call.conn, call.params());
     "chat.history", R, history::HISTORY_KEYS => |call| history::chat_history(call.edge, call.params());
     "chat.startup", R, history::STARTUP_KEYS => |call| history::chat_startup(call.edge, call.params());
-    "sessions.list", R, sessions::SESSIONS_LIST_KEYS => |call| sessions::sessions_list(call.edge, call.params());
+    "sessions.list", R, session_list::SESSIONS_LIST_KEYS => |call| session_list::sessions_list(call.edge, call.params());
     "sessions.describe", R, sessions::SESSIONS_DESCRIBE_KEYS => |call| sessions::sessions_describe(call.edge, call.params());
     "sessions.resolve" (hidden), R, sessions::SESSIONS_RESOLVE_KEYS => |call| sessions::sessions_resolve(call.edge, call.params());
     "sessions.reset", A, sessions::SESSIONS_RESET_KEYS => |call| sessions::sessions_reset(call);

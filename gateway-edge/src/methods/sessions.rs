@@ -1,4 +1,4 @@
-//! `sessions.list`, `sessions.describe`, `sessions.resolve`,
+//! The session rows, `sessions.describe`, `sessions.resolve`,
 //! `sessions.reset`, `sessions.delete`, and the subscriptions
 //! (`sessions.subscribe` / `sessions.unsubscribe` for `sessions.changed`,
 //! `sessions.messages.subscribe` for `session.message`).
@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
-use session_store_api::model::{HistoryCursor, HistoryQuery, ListQuery, Session};
+use session_store_api::model::{ListQuery, Session};
 use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 
+use super::session_list::{active_runs, add_previews};
 use super::{Answer, Call, backend_error, fail, key_for, store_error};
 use crate::conn::Conn;
 use crate::edge::Edge;
@@ -22,7 +23,7 @@ use crate::params::Params;
 pub(super) const AGENT_ID: &str = "main";
 
 /// A session as the protocol lists it.
-fn session_row(s: &Session, active: &[String]) -> Value {
+pub(super) fn session_row(s: &Session, active: &[String]) -> Value {
     use session_store_api::model::RunStatus as S;
     let status = if active.is_empty() {
         s.last_run_status.map(|status| match status {
@@ -101,245 +102,6 @@ pub(super) async fn session_info(
         in_flight,
         thinking_level: None,
     })
-}
-
-/// `sessions.list`'s boolean params.
-macro_rules! list_flags {
-    ($($more:literal),*) => {
-        &[
-            "activeOnly", "requireLastInteraction", "includeGlobal", "includeUnknown",
-            "excludeSubagents", "excludeCron", "excludeSystem", "configuredAgentsOnly",
-            "includeDerivedTitles", "includeLastMessage", "includeActivitySummary", "pinned",
-            "hasBoard", "ownerFirst", "involvingMe", "includePeople",
-            $($more),*
-        ]
-    };
-}
-
-const LIST_FLAGS: &[&str] = list_flags!();
-
-pub(super) const SESSIONS_LIST_KEYS: &[&str] = list_flags!(
-    "limit",
-    "offset",
-    "activeMinutes",
-    "sortBy",
-    "label",
-    "projectId",
-    "workspaceDir",
-    "group",
-    "boardFace",
-    "creatorId",
-    "ownerId",
-    "profileRelation",
-    "involvingProfileId",
-    "spawnedBy",
-    "agentId",
-    "search",
-    "archived"
-);
-
-/// Rows per `sessions.list` page unless the request says.
-const DEFAULT_LIST_LIMIT: u64 = 100;
-/// The most rows one page holds.
-const MAX_LIST_LIMIT: u64 = 1000;
-/// The deepest `offset` a list may page to.
-const MAX_LIST_OFFSET: u64 = 100_000;
-
-/// Filters that select properties no session here has (projects, pins,
-/// boards, owners, people, subagents): asking for them matches nothing.
-const SELECTS_ABSENT: &[&str] = &[
-    "projectId",
-    "workspaceDir",
-    "creatorId",
-    "ownerId",
-    "involvingProfileId",
-    "profileRelation",
-    "spawnedBy",
-    "boardFace",
-];
-
-pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("sessions.list", params, SESSIONS_LIST_KEYS).map_err(fail)?;
-    // Any limit is valid; a page holds at most MAX_LIST_LIMIT rows.
-    let limit = p
-        .integer("limit", 1, u64::MAX)
-        .map_err(fail)?
-        .unwrap_or(DEFAULT_LIST_LIMIT)
-        .min(MAX_LIST_LIMIT);
-    let offset = p
-        .integer("offset", 0, MAX_LIST_OFFSET)
-        .map_err(fail)?
-        .unwrap_or(0);
-    let active_minutes = p.integer("activeMinutes", 1, 10_000_000).map_err(fail)?;
-    p.one_of("sortBy", &["updatedAt", "lastInteractionAt", "activity"])
-        .map_err(fail)?;
-    for flag in LIST_FLAGS {
-        p.boolean(flag).map_err(fail)?;
-    }
-    let archived = match p.value("archived") {
-        None => Some(false),
-        Some(Value::Bool(b)) => Some(*b),
-        Some(Value::String(s)) if s == "all" => None,
-        Some(_) => return Err(fail(p.error("/archived must be boolean or \"all\""))),
-    };
-    let agent_ok = p
-        .optional_non_empty("agentId")
-        .map_err(fail)?
-        .is_none_or(|a| a == AGENT_ID);
-    let selects_absent = SELECTS_ABSENT.iter().any(|k| p.value(k).is_some())
-        || p.boolean("pinned").map_err(fail)? == Some(true)
-        || p.boolean("hasBoard").map_err(fail)? == Some(true)
-        || p.string("group")
-            .map_err(fail)?
-            .is_some_and(|g| !g.is_empty())
-        || archived == Some(true)
-        || !agent_ok;
-    let search = p
-        .string("search")
-        .map_err(fail)?
-        .or(p.string("label").map_err(fail)?);
-    let include_titles = p.boolean("includeDerivedTitles").map_err(fail)? == Some(true);
-    let include_last = p.boolean("includeLastMessage").map_err(fail)? == Some(true);
-    let active_only = p.boolean("activeOnly").map_err(fail)? == Some(true);
-    let sessions = if selects_absent {
-        Vec::new()
-    } else {
-        edge.backends
-            .store
-            .list_sessions(ListQuery {
-                // One more than the page, to tell whether another follows.
-                limit: (offset + limit + 1) as u32,
-                updated_since_ms: active_minutes.map(|m| now_ms() - m as i64 * 60_000),
-                search: search.map(str::to_owned),
-            })
-            .await
-            .map_err(store_error)?
-    };
-    let active = active_runs(edge).await?;
-    let matching: Vec<&Session> = sessions
-        .iter()
-        .filter(|s| !active_only || active.iter().any(|(k, _)| k == s.key.as_str()))
-        .collect();
-    let has_more = matching.len() as u64 > offset + limit;
-    let page: Vec<&Session> = matching
-        .into_iter()
-        .skip(offset as usize)
-        .take(limit as usize)
-        .collect();
-    let mut rows = Vec::with_capacity(page.len());
-    for s in page {
-        let runs: Vec<String> = active
-            .iter()
-            .filter(|(k, _)| k == s.key.as_str())
-            .map(|(_, r)| r.clone())
-            .collect();
-        let mut row = session_row(s, &runs);
-        if include_titles || include_last {
-            add_previews(edge, s, &mut row, include_titles, include_last).await?;
-        }
-        rows.push(row);
-    }
-    // `defaults` members are nullable in the schema, so nulls stay here.
-    let mut answer = json!({
-        "ts": now_ms(), "path": "session-store", "count": rows.len(),
-        "totalCount": offset as usize + rows.len() + usize::from(has_more),
-        "limitApplied": limit, "offset": offset, "hasMore": has_more,
-        "defaults": { "modelProvider": null, "model": null, "contextTokens": null },
-        "sessions": rows,
-    });
-    if has_more {
-        answer["nextOffset"] = json!(offset + limit);
-    }
-    Ok(answer)
-}
-
-/// Every active run's `(session key, run id)`.
-async fn active_runs(
-    edge: &Arc<Edge>,
-) -> Result<Vec<(String, String)>, (ErrorShape, Option<Value>)> {
-    Ok(edge
-        .backends
-        .coordinator
-        .list_active(pb::ListActiveRequest { session_key: None })
-        .await
-        .map_err(backend_error)?
-        .runs
-        .into_iter()
-        .map(|r| (r.session_key, r.run_id))
-        .collect())
-}
-
-/// Longest derived title or preview, characters.
-const PREVIEW_CHARS: usize = 120;
-
-/// `derivedTitle` (the first user message) and `lastMessagePreview` (the
-/// newest user or assistant text), each from a bounded read.
-async fn add_previews(
-    edge: &Arc<Edge>,
-    session: &Session,
-    row: &mut Value,
-    titles: bool,
-    last: bool,
-) -> Result<(), (ErrorShape, Option<Value>)> {
-    let store = &edge.backends.store;
-    let read = |cursor| HistoryQuery {
-        key: session.key.clone(),
-        limit: 8,
-        cursor,
-        max_chars: Some(4 * PREVIEW_CHARS as u32),
-        session_id: None,
-    };
-    if titles {
-        let head = store
-            .history(read(HistoryCursor::After(0)))
-            .await
-            .map_err(store_error)?;
-        if let Some(text) = head
-            .entries
-            .iter()
-            .find(|e| e.role == "user")
-            .map(|e| text_of(&e.content_json))
-        {
-            row["derivedTitle"] = json!(preview(&text));
-        }
-    }
-    if last {
-        let tail = store
-            .history(read(HistoryCursor::Latest))
-            .await
-            .map_err(store_error)?;
-        let newest = tail
-            .entries
-            .iter()
-            .rev()
-            .find(|e| e.role == "user" || e.role == "assistant")
-            .map(|e| text_of(&e.content_json));
-        if let Some(text) = newest.filter(|t| !t.is_empty()) {
-            row["lastMessagePreview"] = json!(preview(&text));
-        }
-    }
-    Ok(())
-}
-
-/// The text of a transcript entry's content (a string, or text parts).
-pub(super) fn text_of(content_json: &str) -> String {
-    match serde_json::from_str::<Value>(content_json) {
-        Ok(Value::String(text)) => text,
-        Ok(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => String::new(),
-    }
-}
-
-fn preview(text: &str) -> String {
-    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    match line.char_indices().nth(PREVIEW_CHARS) {
-        Some((end, _)) => format!("{}…", &line[..end]),
-        None => line,
-    }
 }
 
 pub(super) const SESSIONS_DESCRIBE_KEYS: &[&str] = &[
