@@ -33,6 +33,11 @@ impl<'a> Params<'a> {
         Self::error_for(self.method, reason)
     }
 
+    /// The value of `key` as sent, null included.
+    pub fn raw(&self, key: &str) -> Option<&'a Value> {
+        self.object.get(key)
+    }
+
     /// The value of `key`, unless absent or null.
     pub fn value(&self, key: &str) -> Option<&'a Value> {
         self.object.get(key).filter(|v| !v.is_null())

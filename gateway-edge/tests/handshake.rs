@@ -227,13 +227,26 @@ async fn hello_ok_has_every_required_field_and_no_null() {
     // protocol) and the Control UI side panels are served unlisted.
     let served = gateway_edge::methods::SERVED_METHODS;
     for method in &methods {
-        assert!(served.contains(method), "{method} is advertised, not served");
+        assert!(
+            served.contains(method),
+            "{method} is advertised, not served"
+        );
     }
-    for core in ["chat.send", "chat.startup", "chat.history", "sessions.list", "models.list", "sessions.messages.subscribe"] {
+    for core in [
+        "chat.send",
+        "chat.startup",
+        "chat.history",
+        "sessions.list",
+        "models.list",
+        "sessions.messages.subscribe",
+    ] {
         assert!(methods.contains(&core), "{core} is not advertised");
     }
     for hidden in ["sessions.resolve", "cron.list", "config.get", "system.info"] {
-        assert!(served.contains(&hidden) && !methods.contains(&hidden), "{hidden}");
+        assert!(
+            served.contains(&hidden) && !methods.contains(&hidden),
+            "{hidden}"
+        );
     }
     assert!(hello["features"]["capabilities"].is_array());
     assert_eq!(

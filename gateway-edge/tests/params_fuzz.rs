@@ -159,6 +159,11 @@ fn example(method: &str, session_id: &str) -> Value {
         "sessions.messages.subscribe" => json!({ "key": "main", "includeApprovals": true }),
         "sessions.messages.unsubscribe" => json!({ "key": "main" }),
         "users.prefs.set" => json!({ "entries": { "ui.theme": "dark" } }),
+        "sessions.patch" => json!({
+            "key": "main", "label": "fuzzed", "pinned": true, "unread": false,
+            "thinkingLevel": "off", "expectedMarkedUnreadAt": null,
+        }),
+        "sessions.create" => json!({ "key": "agent:main:fuzz-created", "displayName": "fuzz" }),
         "chat.history" => json!({
             "sessionKey": "main", "limit": 10, "maxChars": 1000, "sessionId": session_id,
             "messageId": format!("{session_id}:1"), "maxBytes": 262_144,

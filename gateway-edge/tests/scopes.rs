@@ -61,6 +61,7 @@ fn valid_params(method: &str, tag: &str) -> Value {
             json!({"key": "scopes-history"})
         }
         "users.prefs.set" => json!({"entries": {"ui.theme": tag}}),
+        "sessions.patch" => json!({"key": format!("scopes-patch-{tag}"), "pinned": true}),
         // Every other method's params are all optional.
         _ => json!({}),
     }

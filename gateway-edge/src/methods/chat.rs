@@ -95,14 +95,49 @@ pub(super) async fn chat_send(
         .integer("timeoutMs", 0, 48 * 3600 * 1000)
         .map_err(fail)?
         .unwrap_or(0);
+    start_turn(
+        edge,
+        conn,
+        Turn {
+            session: &session,
+            run_id: key,
+            message,
+            queue_mode,
+            timeout_ms,
+        },
+        received,
+    )
+    .await
+}
+
+/// A chat turn to submit.
+pub(super) struct Turn<'a> {
+    pub session: &'a session_store_api::SessionKey,
+    /// The idempotency key (the run's id).
+    pub run_id: &'a str,
+    pub message: &'a str,
+    pub queue_mode: pb::QueueMode,
+    pub timeout_ms: u64,
+}
+
+/// Submits a chat turn with the session's settings (its model) and answers
+/// as `chat.send` does: `started`, `in_flight`, or the finished run's end.
+pub(super) async fn start_turn(
+    edge: &Arc<Edge>,
+    conn: &Arc<Conn>,
+    turn: Turn<'_>,
+    received: Instant,
+) -> Answer {
+    let key = turn.run_id;
+    let options = super::session_settings::run_options(edge, turn.session).await?;
     let submit = pb::SubmitRequest {
         run_id: key.to_owned(),
-        session_key: session.as_str().to_owned(),
+        session_key: turn.session.as_str().to_owned(),
         kind: "chat".into(),
-        message: message.to_owned(),
-        queue_mode: queue_mode as i32,
-        timeout_ms,
-        options_json: String::new(),
+        message: turn.message.to_owned(),
+        queue_mode: turn.queue_mode as i32,
+        timeout_ms: turn.timeout_ms,
+        options_json: options,
         requester: conn.requester.clone(),
         label: None,
     };

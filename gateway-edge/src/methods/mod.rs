@@ -17,6 +17,7 @@ mod health;
 mod history;
 mod runs;
 mod session_list;
+mod session_settings;
 mod sessions;
 mod surfaces;
 
@@ -150,6 +151,8 @@ method_table! {
     "sessions.list", R, session_list::SESSIONS_LIST_KEYS => |call| session_list::sessions_list(call.edge, call.params());
     "sessions.describe", R, sessions::SESSIONS_DESCRIBE_KEYS => |call| sessions::sessions_describe(call.edge, call.params());
     "sessions.resolve" (hidden), R, sessions::SESSIONS_RESOLVE_KEYS => |call| sessions::sessions_resolve(call.edge, call.params());
+    "sessions.create", W, session_settings::SESSIONS_CREATE_KEYS => |call| session_settings::sessions_create(call);
+    "sessions.patch", W, session_settings::SESSIONS_PATCH_KEYS => |call| session_settings::sessions_patch(call.edge, call.params());
     "sessions.reset", A, sessions::SESSIONS_RESET_KEYS => |call| sessions::sessions_reset(call);
     "sessions.delete", Scope::ByParams(sessions::delete_scope), sessions::SESSIONS_DELETE_KEYS => |call| sessions::sessions_delete(call.edge, call.params());
     "sessions.subscribe", R, &[] => |call| sessions::subscribe(call.conn, true);

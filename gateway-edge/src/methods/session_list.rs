@@ -57,6 +57,10 @@ const MAX_LIST_LIMIT: u64 = 1000;
 /// The deepest `offset` a list may page to.
 const MAX_LIST_OFFSET: u64 = 100_000;
 
+/// Sessions a list filtered by archive or pin state reads (newest first;
+/// the store lists at most 1000 at once).
+const SETTINGS_SCAN: u32 = 1000;
+
 /// Filters that select properties no session here has (projects, pins,
 /// boards, owners, people, subagents): asking for them matches nothing.
 const SELECTS_ABSENT: &[&str] = &[
@@ -98,14 +102,15 @@ pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
         .optional_non_empty("agentId")
         .map_err(fail)?
         .is_none_or(|a| a == AGENT_ID);
+    let pinned = p.boolean("pinned").map_err(fail)?;
     let selects_absent = SELECTS_ABSENT.iter().any(|k| p.value(k).is_some())
-        || p.boolean("pinned").map_err(fail)? == Some(true)
         || p.boolean("hasBoard").map_err(fail)? == Some(true)
         || p.string("group")
             .map_err(fail)?
             .is_some_and(|g| !g.is_empty())
-        || archived == Some(true)
         || !agent_ok;
+    // Archive and pin state are settings: filtered here, over a wider read.
+    let by_settings = archived.is_some() || pinned.is_some();
     let search = p
         .string("search")
         .map_err(fail)?
@@ -120,7 +125,11 @@ pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
             .store
             .list_sessions(ListQuery {
                 // One more than the page, to tell whether another follows.
-                limit: (offset + limit + 1) as u32,
+                limit: if by_settings {
+                    SETTINGS_SCAN
+                } else {
+                    (offset + limit + 1) as u32
+                },
                 updated_since_ms: active_minutes.map(|m| now_ms() - m as i64 * 60_000),
                 search: search.map(str::to_owned),
             })
@@ -131,6 +140,12 @@ pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
     let matching: Vec<&Session> = sessions
         .iter()
         .filter(|s| !active_only || active.iter().any(|(k, _)| k == s.key.as_str()))
+        .filter(|s| {
+            let settings = super::session_settings::settings_of(s);
+            let flag = |key: &str| settings.get(key).and_then(Value::as_bool).unwrap_or(false);
+            archived.is_none_or(|want| flag("archived") == want)
+                && pinned.is_none_or(|want| flag("pinned") == want)
+        })
         .collect();
     let has_more = matching.len() as u64 > offset + limit;
     let page: Vec<&Session> = matching

@@ -36,22 +36,46 @@ pub(super) fn session_row(s: &Session, active: &[String]) -> Value {
     } else {
         Some("running")
     };
-    frames::without_nulls(json!({
+    let mut row = json!({
         "key": s.key.as_str(),
         "agentId": AGENT_ID,
         "kind": if s.key.as_str() == "global" { "global" } else { "direct" },
+        "isMain": s.key.as_str() == MAIN_KEY,
         "updatedAt": s.updated_at_ms,
         "createdAt": s.created_at_ms,
         "sessionId": s.session_id.to_string(),
         "label": s.label,
-        "displayName": s.label,
         "status": status,
         "hasActiveRun": !active.is_empty() || s.active_writer_run_id.is_some(),
         "activeRunIds": (!active.is_empty()).then_some(active),
         "archived": false,
+        "pinned": false,
+        "unread": false,
         "messageCount": s.entry_count,
-    }))
+    });
+    let settings = super::session_settings::settings_of(s);
+    for (key, value) in &settings {
+        match key.as_str() {
+            "markedUnreadAt" => row["unread"] = json!(!value.is_null()),
+            "model" => {
+                if let Some((provider, model)) = value.as_str().and_then(|m| m.split_once('/')) {
+                    row["modelProvider"] = json!(provider);
+                    row["model"] = json!(model);
+                    row["modelOverrideSource"] = json!("session");
+                }
+            }
+            "queueMode" => row["queueMode"] = value.clone(),
+            _ => row[key.as_str()] = value.clone(),
+        }
+    }
+    if row.get("displayName").is_none_or(Value::is_null) {
+        row["displayName"] = json!(s.label);
+    }
+    frames::without_nulls(row)
 }
+
+/// The agent's main session.
+const MAIN_KEY: &str = "agent:main:main";
 
 /// What a chat view needs about its session besides the messages.
 pub(super) struct SessionInfo {
@@ -85,22 +109,25 @@ pub(super) async fn session_info(
             "runId": run.run_id, "text": run.text, "startedAt": run.started_at_ms,
         }))
     });
-    let queue_mode = edge.config.default_queue_mode.as_str();
-    let info = frames::without_nulls(json!({
-        "key": key.as_str(),
-        "agentId": AGENT_ID,
-        "sessionId": session.map(|s| s.session_id.to_string()),
-        "label": session.and_then(|s| s.label.clone()),
-        "effectiveQueueMode": queue_mode,
-        "hasActiveRun": !active.is_empty(),
-        "status": if active.is_empty() { "idle" } else { "running" },
-        "activeRunIds": active.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
-        "updatedAt": session.map(|s| s.updated_at_ms),
-    }));
+    let queue_mode = super::session_settings::queue_mode_of(edge, session);
+    let run_ids: Vec<String> = active.iter().map(|r| r.run_id.clone()).collect();
+    // The session's row, with what a chat view adds to it.
+    let mut info = match session {
+        Some(session) => session_row(session, &run_ids),
+        None => json!({ "key": key.as_str(), "agentId": AGENT_ID }),
+    };
+    info["effectiveQueueMode"] = json!(queue_mode.as_str());
+    info["hasActiveRun"] = json!(!active.is_empty());
+    info["status"] = json!(if active.is_empty() { "idle" } else { "running" });
+    info["activeRunIds"] = json!(run_ids);
+    let thinking_level = info
+        .get("thinkingLevel")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     Ok(SessionInfo {
         info,
         in_flight,
-        thinking_level: None,
+        thinking_level,
     })
 }
 
@@ -143,7 +170,7 @@ pub(super) async fn sessions_describe(edge: &Arc<Edge>, params: &Value) -> Answe
 }
 
 /// `agentId`, when given, must be this edge's one agent.
-fn check_agent(p: &Params) -> Result<(), (ErrorShape, Option<Value>)> {
+pub(super) fn check_agent(p: &Params) -> Result<(), (ErrorShape, Option<Value>)> {
     match p.optional_non_empty("agentId").map_err(fail)? {
         Some(agent) if agent != AGENT_ID => Err(fail(
             ErrorShape::invalid(format!("unknown agent id: {agent}"))
@@ -405,8 +432,22 @@ pub(super) async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer 
         }
     }
     if p.boolean("archivedOnly").map_err(fail)? == Some(true) {
-        // No session here is archived: an archive-only delete deletes nothing.
-        return Ok(json!({ "ok": true, "key": key.as_str(), "deleted": false, "archived": [] }));
+        let session = edge
+            .backends
+            .store
+            .get_session(&key)
+            .await
+            .map_err(store_error)?;
+        let archived = session
+            .as_ref()
+            .map(super::session_settings::settings_of)
+            .is_some_and(|s| s.get("archived") == Some(&Value::Bool(true)));
+        if !archived {
+            // An archive-only delete deletes nothing that is not archived.
+            return Ok(
+                json!({ "ok": true, "key": key.as_str(), "deleted": false, "archived": [] }),
+            );
+        }
     }
     let out = edge
         .backends

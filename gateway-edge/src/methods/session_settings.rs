@@ -1,0 +1,512 @@
+//! A session's settings (`sessions.patch`, `sessions.create`): what a user
+//! chose for it — its name, archive and pin state, read marker, model,
+//! thinking level, queue mode, and how the UI shows it. They live in the
+//! store (`Session::settings_json`, patched atomically there); this edge
+//! defines their keys.
+//!
+//! A patch is checked against what this gateway can do: a model must be
+//! one the runtime offers, a thinking level one the model has; a key that
+//! would ask for something this gateway does not do (exec hosts, sandboxes,
+//! permission modes, tool overrides, other runtimes) is refused unless it
+//! clears it (`null`), so nothing is accepted and then silently ignored.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use session_store_api::model::{PatchSession, Session};
+use session_store_api::store::now_ms;
+use session_store_api::{SessionKey, SessionStore};
+
+use super::catalog::{model_ref, runtime_catalog};
+use super::sessions::{AGENT_ID, session_row};
+use super::{Answer, fail, key_for, store_error};
+use crate::config::QueueMode;
+use crate::edge::Edge;
+use crate::frames::ErrorShape;
+use crate::params::Params;
+
+/// Settings stored as given: how the UI shows and sorts the session.
+const PRESENTATION: &[&str] = &[
+    "autoLabel",
+    "icon",
+    "color",
+    "category",
+    "boardFace",
+    "boardPresentation",
+    "attention",
+    "archived",
+    "pinned",
+    "verboseLevel",
+    "traceLevel",
+    "reasoningLevel",
+    "responseUsage",
+    "fastMode",
+];
+
+/// Keys that would change how runs execute in ways this gateway has no
+/// part for: only `null` (nothing to clear) is accepted.
+const UNSUPPORTED: &[&str] = &[
+    "contextWindow",
+    "toolOverrides",
+    "elevatedLevel",
+    "execHost",
+    "execSecurity",
+    "execAsk",
+    "execNode",
+    "permissionMode",
+    "sandboxMode",
+    "nativeRuntimeConsent",
+    "agentRuntime",
+    "completionOwnerSessionKey",
+    "inheritedToolPolicyVersion",
+    "inheritedToolAllow",
+    "inheritedToolDeny",
+    "sendPolicy",
+    "groupActivation",
+];
+
+/// Expectations about state this gateway does not have (it is always
+/// absent): only `null` holds.
+const EXPECT_ABSENT: &[&str] = &[
+    "expectedLifecycleRevision",
+    "expectedPermissionMode",
+    "expectedSandboxMode",
+    "expectedNativeRuntimeConsent",
+    "expectedToolOverrides",
+];
+
+/// `sessions.patch`'s params: the key, the expectations, the mutations.
+macro_rules! patch_keys {
+    () => {
+        &[
+            "key",
+            "agentId",
+            "expectedSessionId",
+            "expectedLifecycleRevision",
+            "expectedPermissionMode",
+            "expectedSandboxMode",
+            "expectedNativeRuntimeConsent",
+            "expectedToolOverrides",
+            "expectedMarkedUnreadAt",
+            "label",
+            "autoLabel",
+            "icon",
+            "color",
+            "category",
+            "boardFace",
+            "boardPresentation",
+            "statusNote",
+            "attention",
+            "ttlMinutes",
+            "archived",
+            "pinned",
+            "unread",
+            "contextWindow",
+            "thinkingLevel",
+            "fastMode",
+            "toolOverrides",
+            "verboseLevel",
+            "traceLevel",
+            "reasoningLevel",
+            "responseUsage",
+            "elevatedLevel",
+            "execHost",
+            "execSecurity",
+            "execAsk",
+            "execNode",
+            "permissionMode",
+            "sandboxMode",
+            "nativeRuntimeConsent",
+            "model",
+            "agentRuntime",
+            "completionOwnerSessionKey",
+            "inheritedToolPolicyVersion",
+            "inheritedToolAllow",
+            "inheritedToolDeny",
+            "sendPolicy",
+            "groupActivation",
+        ]
+    };
+}
+
+pub(super) const SESSIONS_PATCH_KEYS: &[&str] = patch_keys!();
+
+/// The settings of `session` as an object (empty when it has none).
+pub(super) fn settings_of(session: &Session) -> Map<String, Value> {
+    match serde_json::from_str(&session.settings_json) {
+        Ok(Value::Object(settings)) => settings,
+        _ => Map::new(),
+    }
+}
+
+/// The queue mode a send to `session` gets when it names none.
+pub(super) fn queue_mode_of(edge: &Edge, session: Option<&Session>) -> QueueMode {
+    session
+        .map(settings_of)
+        .and_then(|s| {
+            s.get("queueMode")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .and_then(|mode| <QueueMode as clap::ValueEnum>::from_str(&mode, false).ok())
+        .unwrap_or(edge.config.default_queue_mode)
+}
+
+/// The runtime options a turn of `key` runs with: its model override.
+pub(super) async fn run_options(
+    edge: &Arc<Edge>,
+    key: &SessionKey,
+) -> Result<String, (ErrorShape, Option<Value>)> {
+    let session = edge
+        .backends
+        .store
+        .get_session(key)
+        .await
+        .map_err(store_error)?;
+    let model = session
+        .as_ref()
+        .map(settings_of)
+        .and_then(|s| s.get("model").and_then(Value::as_str).map(str::to_owned));
+    Ok(match model {
+        // Stored as `provider/id`; the runtime names it by its id.
+        Some(model) => {
+            json!({ "model": model.split_once('/').map_or(model.as_str(), |(_, id)| id) })
+                .to_string()
+        }
+        None => String::new(),
+    })
+}
+
+/// Checks `model` against the runtime's models: its `provider/id`.
+async fn known_model(edge: &Arc<Edge>, model: &str) -> Result<String, (ErrorShape, Option<Value>)> {
+    let catalog = runtime_catalog(edge).await?;
+    catalog
+        .models
+        .iter()
+        .find(|m| model_ref(m) == model || m.id == model)
+        .map(model_ref)
+        .ok_or_else(|| {
+            fail(ErrorShape::invalid(format!(
+                "unknown model: {model} (models.list shows the models this gateway runs)"
+            )))
+        })
+}
+
+/// The thinking levels the runtime's models take: none reason here.
+const THINKING_LEVELS: &[&str] = &["off"];
+
+/// The store patch for the mutations in `p`.
+async fn patch_of(
+    edge: &Arc<Edge>,
+    p: &Params<'_>,
+) -> Result<Map<String, Value>, (ErrorShape, Option<Value>)> {
+    let mut patch = Map::new();
+    for key in UNSUPPORTED {
+        if p.value(key).is_some() {
+            return Err(fail(ErrorShape::invalid(format!(
+                "{key} is not supported by this gateway (only null, to clear it)"
+            ))));
+        }
+    }
+    for key in PRESENTATION {
+        if let Some(value) = p.raw(key) {
+            patch.insert((*key).to_owned(), value.clone());
+        }
+    }
+    for key in ["archived", "pinned"] {
+        p.boolean(key).map_err(fail)?;
+    }
+    if let Some(label) = p.raw("label") {
+        if !(label.is_null()
+            || label
+                .as_str()
+                .is_some_and(|l| !l.is_empty() && l.chars().count() <= 512))
+        {
+            return Err(fail(
+                p.error("/label must be a string of 1 to 512 characters, or null"),
+            ));
+        }
+        patch.insert("label".into(), label.clone());
+    }
+    if let Some(note) = p.raw("statusNote") {
+        if !(note.is_null() || note.as_str().is_some_and(|n| n.chars().count() <= 120)) {
+            return Err(fail(p.error(
+                "/statusNote must be a string of at most 120 characters, or null",
+            )));
+        }
+        let ttl = p.integer("ttlMinutes", 1, 120).map_err(fail)?;
+        patch.insert("statusNote".into(), note.clone());
+        patch.insert(
+            "statusNoteExpiresAt".into(),
+            match (note.is_null(), ttl) {
+                (false, Some(minutes)) => json!(now_ms() + minutes as i64 * 60_000),
+                _ => Value::Null,
+            },
+        );
+    }
+    if let Some(unread) = p.boolean("unread").map_err(fail)? {
+        if unread {
+            patch.insert("markedUnreadAt".into(), json!(now_ms()));
+        } else {
+            patch.insert("markedUnreadAt".into(), Value::Null);
+            patch.insert("lastReadAt".into(), json!(now_ms()));
+        }
+    }
+    match p.raw("model") {
+        Some(Value::Null) => {
+            patch.insert("model".into(), Value::Null);
+        }
+        Some(Value::String(model)) => {
+            patch.insert("model".into(), json!(known_model(edge, model).await?));
+        }
+        Some(_) => return Err(fail(p.error("/model must be string or null"))),
+        None => {}
+    }
+    match p.raw("thinkingLevel") {
+        Some(Value::String(level)) if !THINKING_LEVELS.contains(&level.as_str()) => {
+            return Err(fail(ErrorShape::invalid(format!(
+                "unsupported thinking level: {level} (the models here take: {})",
+                THINKING_LEVELS.join(", ")
+            ))));
+        }
+        Some(level) => {
+            patch.insert("thinkingLevel".into(), level.clone());
+        }
+        None => {}
+    }
+    Ok(patch)
+}
+
+/// The expectations in `p` against the session as it is now.
+fn check_expectations(
+    p: &Params<'_>,
+    current: Option<&Session>,
+) -> Result<(), (ErrorShape, Option<Value>)> {
+    let changed = |what: &str| {
+        fail(
+            ErrorShape::invalid(format!("session changed: {what} does not match"))
+                .with_details(json!({ "code": "SESSION_CHANGED" })),
+        )
+    };
+    if let Some(expected) = p.optional_non_empty("expectedSessionId").map_err(fail)?
+        && current.is_none_or(|s| s.session_id.to_string() != expected)
+    {
+        return Err(changed("expectedSessionId"));
+    }
+    for key in EXPECT_ABSENT {
+        if p.value(key).is_some() {
+            return Err(changed(key));
+        }
+    }
+    if let Some(expected) = p.raw("expectedMarkedUnreadAt") {
+        let now = current
+            .map(settings_of)
+            .and_then(|s| s.get("markedUnreadAt").cloned())
+            .unwrap_or(Value::Null);
+        if &now != expected {
+            return Err(changed("expectedMarkedUnreadAt"));
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn sessions_patch(edge: &Arc<Edge>, params: &Value) -> Answer {
+    let p = Params::new("sessions.patch", params, SESSIONS_PATCH_KEYS).map_err(fail)?;
+    let key = key_for("sessions.patch", p.required_non_empty("key").map_err(fail)?)?;
+    super::sessions::check_agent(&p)?;
+    let store = &edge.backends.store;
+    let current = store.get_session(&key).await.map_err(store_error)?;
+    check_expectations(&p, current.as_ref())?;
+    let patch = patch_of(edge, &p).await?;
+    let out = store
+        .patch_session(PatchSession {
+            key: key.clone(),
+            patch_json: Value::Object(patch).to_string(),
+            create: true,
+        })
+        .await
+        .map_err(store_error)?;
+    super::sessions::notify_sessions_changed(
+        edge,
+        key.as_str(),
+        Some(&out.session.session_id.to_string()),
+        "patch",
+    );
+    Ok(json!({
+        "ok": true, "path": "session-store", "key": key.as_str(),
+        "entry": session_row(&out.session, &[]), "resolved": resolved(edge, &out.session).await?,
+    }))
+}
+
+/// The model a session's runs use: `{modelProvider, model}`.
+async fn resolved(
+    edge: &Arc<Edge>,
+    session: &Session,
+) -> Result<Value, (ErrorShape, Option<Value>)> {
+    let chosen = settings_of(session)
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let reference = match chosen {
+        Some(model) => Some(model),
+        None => super::catalog::default_model_ref(&runtime_catalog(edge).await?),
+    };
+    Ok(match reference.as_deref().and_then(|r| r.split_once('/')) {
+        Some((provider, model)) => json!({ "modelProvider": provider, "model": model }),
+        None => json!({}),
+    })
+}
+
+/// Keys of `sessions.create` that would need what this gateway does not
+/// have (workspaces, repositories, worktrees, exec nodes, forks, other
+/// runtimes): refused when set.
+const CREATE_UNSUPPORTED: &[&str] = &[
+    "agentRuntime",
+    "contextWindow",
+    "permissionMode",
+    "toolOverrides",
+    "visibility",
+    "catalogId",
+    "fork",
+    "forkFrom",
+    "projectId",
+    "projectGitUrl",
+    "repository",
+    "worktree",
+    "worktreeSource",
+    "worktreeBaseRef",
+    "worktreeName",
+    "execNode",
+    "cwd",
+    "spawnDepth",
+];
+
+pub(super) const SESSIONS_CREATE_KEYS: &[&str] = &[
+    "key",
+    "idempotencyKey",
+    "agentId",
+    "label",
+    "displayName",
+    "titleSource",
+    "category",
+    "model",
+    "agentRuntime",
+    "contextWindow",
+    "thinkingLevel",
+    "fastMode",
+    "permissionMode",
+    "toolOverrides",
+    "incognito",
+    "visibility",
+    "catalogId",
+    "parentSessionKey",
+    "spawnDepth",
+    "fork",
+    "forkFrom",
+    "emitCommandHooks",
+    "succeedsParent",
+    "timeoutMs",
+    "task",
+    "message",
+    "mentions",
+    "attachments",
+    "projectId",
+    "projectGitUrl",
+    "repository",
+    "worktree",
+    "worktreeSource",
+    "worktreeBaseRef",
+    "worktreeName",
+    "execNode",
+    "cwd",
+];
+
+/// `sessions.create`: a session under `key` (a new key when none is
+/// given; an existing session is adopted, its settings kept), and, with a
+/// `message` or `task`, its first turn.
+pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
+    let (edge, conn) = (call.edge, call.conn);
+    let p = Params::new("sessions.create", call.params(), SESSIONS_CREATE_KEYS).map_err(fail)?;
+    super::sessions::check_agent(&p)?;
+    for key in CREATE_UNSUPPORTED {
+        if p.value(key).is_some_and(|v| v != &Value::Bool(false)) {
+            return Err(fail(ErrorShape::invalid(format!(
+                "sessions.create {key} is not supported by this gateway"
+            ))));
+        }
+    }
+    if p.boolean("incognito").map_err(fail)? == Some(true) {
+        return Err(fail(ErrorShape::invalid(
+            "incognito sessions are not supported by this gateway",
+        )));
+    }
+    let raw_key = match p.optional_non_empty("key").map_err(fail)? {
+        Some(raw) => raw.to_owned(),
+        None => format!("agent:{AGENT_ID}:dashboard:{}", uuid::Uuid::new_v4()),
+    };
+    let key = key_for("sessions.create", &raw_key)?;
+    let mut patch = patch_of(edge, &p).await?;
+    for key in ["displayName", "titleSource"] {
+        if let Some(value) = p.string(key).map_err(fail)? {
+            patch.insert(key.to_owned(), json!(value));
+        }
+    }
+    if let Some(parent) = p.optional_non_empty("parentSessionKey").map_err(fail)? {
+        let parent = key_for("sessions.create", parent)?;
+        patch.insert("parentSessionKey".into(), json!(parent.as_str()));
+    }
+    for flag in ["emitCommandHooks", "succeedsParent"] {
+        p.boolean(flag).map_err(fail)?;
+    }
+    let store = &edge.backends.store;
+    let existing = store.get_session(&key).await.map_err(store_error)?;
+    // Adopting an existing session keeps its settings.
+    let patch = if existing.is_some() {
+        Map::new()
+    } else {
+        patch
+    };
+    let out = store
+        .patch_session(PatchSession {
+            key: key.clone(),
+            patch_json: Value::Object(patch).to_string(),
+            create: true,
+        })
+        .await
+        .map_err(store_error)?;
+    let session_id = out.session.session_id.to_string();
+    if out.created {
+        super::sessions::notify_sessions_changed(edge, key.as_str(), Some(&session_id), "create");
+    }
+    let mut answer = json!({
+        "ok": true, "key": key.as_str(), "sessionId": session_id,
+        "entry": session_row(&out.session, &[]), "runStarted": false,
+        "resolved": resolved(edge, &out.session).await?,
+    });
+    let first = p
+        .string("message")
+        .map_err(fail)?
+        .or(p.string("task").map_err(fail)?);
+    if let Some(message) = first.filter(|m| !m.trim().is_empty()) {
+        let run_id = p
+            .optional_non_empty("idempotencyKey")
+            .map_err(fail)?
+            .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+        let timeout_ms = p
+            .integer("timeoutMs", 0, 48 * 3600 * 1000)
+            .map_err(fail)?
+            .unwrap_or(0);
+        let turn = super::chat::Turn {
+            session: &key,
+            run_id: &run_id,
+            message,
+            queue_mode: clawgate_proto::run_coordinator::v1::QueueMode::Enqueue,
+            timeout_ms,
+        };
+        let started = super::chat::start_turn(edge, conn, turn, call.received).await?;
+        answer["runStarted"] = json!(true);
+        answer["runId"] = started["runId"].clone();
+        answer["status"] = started["status"].clone();
+    }
+    Ok(answer)
+}
