@@ -112,10 +112,18 @@ impl Inner {
             }
             phase
         };
+        // A companion (its message rides on another run) has no executor of
+        // its own: it ends here, the run carrying it goes on.
+        let companion = run.state().carried_by.is_some();
         match phase {
             Phase::Queued => {
                 run.decide(Decision::aborted());
                 self.finish(run).await;
+            }
+            Phase::Running if companion => {
+                if run.decide(Decision::aborted()) {
+                    self.finish(run).await;
+                }
             }
             Phase::Running | Phase::Finishing => {
                 run.decide(Decision::aborted());

@@ -35,8 +35,13 @@ struct Held {
 /// The assistant turn as it builds up.
 #[derive(Default)]
 struct Turn {
+    /// The run's text so far (what its events and snapshot carry).
     text: String,
-    /// Tool calls and results, in order, as transcript content parts.
+    /// Where the transcript entry being built starts in `text`: a steered
+    /// message splits the turn into an entry before it and one after.
+    segment_start: usize,
+    /// Tool calls and results of the entry being built, in order, as
+    /// transcript content parts.
     parts: Vec<serde_json::Value>,
     usage: Option<Usage>,
 }
@@ -44,12 +49,26 @@ struct Turn {
 impl Turn {
     fn content_json(&self) -> String {
         let mut parts = self.parts.clone();
-        if !self.text.is_empty() {
-            parts.push(serde_json::json!({ "type": "text", "text": self.text }));
+        let text = &self.text[self.segment_start..];
+        if !text.is_empty() {
+            parts.push(serde_json::json!({ "type": "text", "text": text }));
         }
         serde_json::Value::Array(parts).to_string()
     }
+
+    /// Closes the entry being built (a steered message follows it).
+    fn next_segment(&mut self) {
+        if self.text.len() > self.segment_start {
+            // Answers before and after a steer read apart in the live text.
+            self.text.push_str("\n\n");
+        }
+        self.segment_start = self.text.len();
+        self.parts.clear();
+    }
 }
+
+/// Between paragraphs of one message made of several (collected turns).
+const MESSAGE_SEPARATOR: &str = "\n\n";
 
 /// Coalesces assistant deltas to at most one event per interval.
 struct Deltas {
@@ -167,6 +186,20 @@ impl Inner {
                 return Some(held);
             }
         };
+        // Collected runs: each message its own entry, after the carrier's.
+        let collected: Vec<Arc<Run>> = run
+            .state()
+            .companions
+            .iter()
+            .filter(|c| c.taken)
+            .map(|c| c.run.clone())
+            .collect();
+        for companion in &collected {
+            if let Err(decision) = self.carry(run, &held, companion).await {
+                run.decide(decision);
+                return Some(held);
+            }
+        }
         let turn = self
             .stream_runtime(run, &held, user_seq)
             .instrument(tracing::info_span!("run.runtime"))
@@ -322,14 +355,24 @@ impl Inner {
         let deadline_ms =
             i64::try_from(timeout.as_millis()).map_or(i64::MAX, |ms| now_ms().saturating_add(ms));
         let mut turn = Turn::default();
+        let message = {
+            let state = run.state();
+            let mut message = run.spec.message.clone();
+            for companion in state.companions.iter().filter(|c| c.taken) {
+                message.push_str(MESSAGE_SEPARATOR);
+                message.push_str(&companion.run.spec.message);
+            }
+            message
+        };
         let request = RuntimeRequest {
             run_id: run.id.clone(),
             session_key: run.key.as_str().to_owned(),
             session_id: held.session_id.to_string(),
-            message: run.spec.message.clone(),
+            message,
             history: self.history(run, held, user_seq).await,
             options: run.spec.options.clone(),
             deadline_ms: Some(deadline_ms),
+            inputs: run.inputs.clone(),
         };
         let started = tokio::select! {
             biased;
@@ -371,6 +414,13 @@ impl Inner {
                             self.flush(run, &turn, &mut deltas);
                         }
                     }
+                    Some(Ok(RuntimeEvent::InputTaken { id })) => {
+                        self.flush(run, &turn, &mut deltas);
+                        if let Err(decision) = self.steered(run, held, &mut turn, &id).await {
+                            run.decide(decision);
+                            break;
+                        }
+                    }
                     Some(Ok(event)) => {
                         if let Some(finished) = self.on_runtime_event(run, &mut turn, &mut deltas, event) {
                             run.state().outcome.stop_reason = Some(finished);
@@ -388,8 +438,10 @@ impl Inner {
                 },
             }
         }
-        // Dropping the stream stops the runtime's side of it.
+        // Dropping the stream stops the runtime's side of it; a message
+        // steered from now on is a turn of its own.
         drop(stream);
+        run.inputs.close();
         self.flush(run, &turn, &mut deltas);
         turn
     }
@@ -412,7 +464,9 @@ impl Inner {
             }
         };
         match event {
-            RuntimeEvent::AssistantDelta(_) => unreachable!("handled by the caller"),
+            RuntimeEvent::AssistantDelta(_) | RuntimeEvent::InputTaken { .. } => {
+                unreachable!("handled by the caller")
+            }
             RuntimeEvent::ToolStart {
                 tool_call_id,
                 name,
@@ -482,6 +536,69 @@ impl Inner {
                 delta,
             },
         );
+    }
+
+    /// Writes a companion's message into the carrier's turn: the companion
+    /// is running from now on (durably, so a restart reports it lost rather
+    /// than running it again), and its message is the next user entry.
+    async fn carry(&self, run: &Run, held: &Held, companion: &Arc<Run>) -> Result<(), Decision> {
+        if let Err(err) = self.mark_running(companion).await {
+            return Err(Decision::failed("store", err.to_string()));
+        }
+        self.emit(
+            companion,
+            EventBody::Lifecycle {
+                phase: LifecyclePhase::Start,
+                status: None,
+                stop_reason: None,
+                error: None,
+            },
+        );
+        let user = text_entry(
+            "user",
+            serde_json::json!([{ "type": "text", "text": companion.spec.message }]).to_string(),
+            EntryMetadata::default(),
+        );
+        self.append(run, held, user).await.map(|_| ())
+    }
+
+    /// The runtime took the steered message `id`: the answer so far is
+    /// one entry, the message the next, and what follows answers it.
+    async fn steered(
+        &self,
+        run: &Run,
+        held: &Held,
+        turn: &mut Turn,
+        id: &str,
+    ) -> Result<(), Decision> {
+        let companion = {
+            let mut state = run.state();
+            let found = state.companions.iter_mut().find(|c| c.run.id == id);
+            found.map(|c| {
+                c.taken = true;
+                c.run.clone()
+            })
+        };
+        let Some(companion) = companion else {
+            tracing::warn!(run.id = %run.id, input = %id, "the runtime took an input it was not given");
+            return Ok(());
+        };
+        if turn.content_json() != "[]" {
+            let metadata = EntryMetadata {
+                stop_reason: Some("steered".into()),
+                usage_json: None,
+                aborted: false,
+            };
+            self.append(
+                run,
+                held,
+                text_entry("assistant", turn.content_json(), metadata),
+            )
+            .await?;
+        }
+        turn.next_segment();
+        run.state().outcome.text = turn.text.clone();
+        self.carry(run, held, &companion).await
     }
 
     /// Writes the assistant turn: complete on success (which decides `ok`),

@@ -1,6 +1,15 @@
 //! Session lanes and the global cap: at most one run of a session executes
 //! at a time, runs of a lane start in order (`interrupt` goes first and
 //! supersedes the running one), and at most `max_executing` run at once.
+//!
+//! Two queue modes let a run ride on another instead of taking a turn:
+//! `steer` offers its message to the lane's running run (whose runtime may
+//! take it at its next model boundary), and `collect` runs waiting in a row
+//! at the front of the lane start as one turn. Such a run is the other's
+//! companion: it ends when its carrier does, with the carrier's outcome.
+//! A steered message the runtime never took is put back at the front of
+//! the lane when its carrier ends, so it becomes the next turn: nothing is
+//! lost, and the lane's order stays the arrival order.
 
 use std::sync::Arc;
 
@@ -9,7 +18,7 @@ use session_store_api::SessionKey;
 use crate::coordinator::{Inner, State};
 use crate::events::EventBody;
 use crate::model::*;
-use crate::run::{Decision, Phase, Run};
+use crate::run::{Companion, Decision, Phase, Run};
 use crate::trace;
 
 impl Inner {
@@ -17,6 +26,17 @@ impl Inner {
     /// log, before any executor can emit its start.
     pub(crate) fn enqueue_queued(&self, state: &mut State, run: &Arc<Run>) {
         run.state().phase = Phase::Queued;
+        if run.spec.queue_mode == QueueMode::Steer && self.steer(state, run) {
+            trace::status_event(run, RunStatus::Queued);
+            self.emit(
+                run,
+                EventBody::Status {
+                    status: RunStatus::Queued,
+                    queue_position: 0,
+                },
+            );
+            return;
+        }
         self.enqueue(state, run);
         let queue_position = Self::queue_position(state, run);
         run.trace.queue(&run.id, queue_position);
@@ -28,6 +48,35 @@ impl Inner {
                 queue_position,
             },
         );
+    }
+
+    /// Offers a `steer` run's message to its lane's running run; `false`
+    /// when none runs that takes input (the run then queues as a turn).
+    fn steer(&self, state: &mut State, run: &Arc<Run>) -> bool {
+        let Some(carrier) = state
+            .lanes
+            .get(&run.key)
+            .and_then(|lane| lane.running.as_ref())
+            .and_then(|id| state.runs.get(id))
+            .cloned()
+        else {
+            return false;
+        };
+        if carrier.decided().is_some() || carrier.state().phase != Phase::Running {
+            return false;
+        }
+        let offered = carrier.inputs.push(crate::runtime::SteerInput {
+            id: run.id.clone(),
+            message: run.spec.message.clone(),
+        });
+        if offered {
+            carrier.state().companions.push(Companion {
+                run: run.clone(),
+                taken: false,
+            });
+            run.state().carried_by = Some(carrier.id.clone());
+        }
+        offered
     }
 
     /// Puts an admitted run in its lane. `interrupt` supersedes the lane's
@@ -78,12 +127,52 @@ impl Inner {
                 run_state.holds_slot = true;
                 drop(run_state);
                 run.trace.dequeued();
+                if run.spec.queue_mode == QueueMode::Collect {
+                    Self::collect(state, &run);
+                }
                 started.push(run);
             } else {
                 index += 1;
             }
         }
         started
+    }
+
+    /// Folds the `collect` runs queued right behind `carrier` into its turn.
+    fn collect(state: &mut State, carrier: &Arc<Run>) {
+        let Some(lane) = state.lanes.get_mut(&carrier.key) else {
+            return;
+        };
+        while let Some(next) = lane
+            .queued
+            .front()
+            .and_then(|id| state.runs.get(id))
+            .filter(|r| r.spec.queue_mode == QueueMode::Collect && r.decided().is_none())
+            .cloned()
+        {
+            lane.queued.pop_front();
+            state.waiting.retain(|id| *id != next.id);
+            {
+                let mut next_state = next.state();
+                next_state.phase = Phase::Running;
+                next_state.carried_by = Some(carrier.id.clone());
+            }
+            carrier.state().companions.push(Companion {
+                run: next,
+                taken: true,
+            });
+        }
+    }
+
+    /// Puts a carrier's untaken companions back at the front of its lane,
+    /// in arrival order, as turns of their own.
+    pub(crate) fn requeue_untaken(&self, state: &mut State, untaken: Vec<Arc<Run>>) {
+        for run in untaken.into_iter().rev() {
+            run.state().carried_by = None;
+            let lane = state.lanes.entry(run.key.clone()).or_default();
+            lane.queued.push_front(run.id.clone());
+            state.waiting.push_front(run.id.clone());
+        }
     }
 
     pub(crate) fn spawn_all(self: &Arc<Self>, runs: Vec<Arc<Run>>) {

@@ -16,6 +16,11 @@ pub enum QueueMode {
     Interrupt,
     /// Refuse when the session has a run active or queued.
     Reject,
+    /// Into the session's running run, at its next model boundary; a turn
+    /// of its own when none runs (or the runtime never takes it).
+    Steer,
+    /// Queued runs of this mode waiting together fold into one turn.
+    Collect,
 }
 
 /// A request to run, as admitted. Stored (as JSON) in the run record so a

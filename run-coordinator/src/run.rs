@@ -97,6 +97,27 @@ pub struct RunState {
     pub record_version: u64,
     /// Executing counts against the global cap.
     pub holds_slot: bool,
+    /// Runs whose messages this run carries (`steer`, `collect`): they end
+    /// with it. Untaken ones become turns of their own when it ends.
+    pub companions: Vec<Companion>,
+    /// The run this one's message went into, while it is a companion.
+    pub carried_by: Option<String>,
+}
+
+/// A run whose message another run carries.
+pub struct Companion {
+    pub run: std::sync::Arc<Run>,
+    /// Its message is in the carrier's turn (written to the transcript).
+    pub taken: bool,
+}
+
+impl std::fmt::Debug for Companion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Companion")
+            .field("run", &self.run.id)
+            .field("taken", &self.taken)
+            .finish()
+    }
 }
 
 pub struct Run {
@@ -108,6 +129,8 @@ pub struct Run {
     pub epoch: String,
     pub cancel: CancellationToken,
     pub trace: RunTrace,
+    /// Messages steered into this run while it runs.
+    pub inputs: crate::runtime::Inputs,
     state: Mutex<RunState>,
     terminal: watch::Sender<Option<RunSnapshot>>,
     admitted: watch::Sender<bool>,
@@ -131,6 +154,7 @@ impl Run {
             epoch,
             cancel: CancellationToken::new(),
             trace: RunTrace::default(),
+            inputs: Default::default(),
             state: Mutex::new(RunState {
                 phase: Phase::Admitting,
                 status: RunStatus::Queued,
@@ -142,6 +166,8 @@ impl Run {
                 fence_token: None,
                 record_version: 0,
                 holds_slot: false,
+                companions: Vec::new(),
+                carried_by: None,
             }),
             terminal: watch::channel(None).0,
             admitted: watch::channel(false).0,

@@ -39,6 +39,7 @@ impl Inner {
             let state = run.state();
             (state.status, state.outcome.clone())
         };
+        let outcome_text = outcome.text.clone();
         trace::status_event(run, status);
         self.metrics.run_finished(status);
         let phase = if status == RunStatus::Error || status == RunStatus::Lost {
@@ -59,8 +60,18 @@ impl Inner {
         run.state().phase = Phase::Terminal;
         let snapshot = self.snapshot(run);
         run.publish_terminal(snapshot);
+        // The runs it carried: those whose message it took end with it; a
+        // steered one it never took is the lane's next turn.
+        run.inputs.close();
+        let companions = std::mem::take(&mut run.state().companions);
+        let (taken, untaken): (Vec<_>, Vec<_>) = companions
+            .into_iter()
+            .filter(|c| c.run.state().phase != Phase::Terminal)
+            .partition(|c| c.taken);
         let to_start = {
             let mut state = self.lock();
+            let untaken: Vec<Arc<Run>> = untaken.into_iter().map(|c| c.run).collect();
+            self.requeue_untaken(&mut state, untaken);
             if let Some(lane) = state.lanes.get_mut(&run.key) {
                 if lane.running.as_deref() == Some(run.id.as_str()) {
                     lane.running = None;
@@ -82,6 +93,21 @@ impl Inner {
         };
         self.run_finished.notify_waiters();
         self.spawn_all(to_start);
+        for companion in taken {
+            let carried = &companion.run;
+            {
+                let mut state = carried.state();
+                state.outcome.text.clone_from(&outcome_text);
+                if state.started_at_ms.is_none() {
+                    state.started_at_ms = Some(now_ms());
+                }
+            }
+            carried.decide(Decision {
+                superseded_by: None,
+                ..decision.clone()
+            });
+            Box::pin(self.finish(carried)).await;
+        }
     }
 
     /// Writes the terminal record, retrying while the store is unavailable.

@@ -79,6 +79,7 @@ fn request(run_id: &str, message: &str, options: serde_json::Value) -> RuntimeRe
         history: Vec::new(),
         options,
         deadline_ms: None,
+        inputs: Default::default(),
     }
 }
 
@@ -496,6 +497,72 @@ async fn the_echo_runtime_works_as_an_external_service() {
 }
 
 #[tokio::test]
+async fn a_steered_message_crosses_the_wire_and_is_answered_in_the_same_turn() {
+    let echo = Arc::new(EchoRuntime::new(EchoConfig {
+        chunks: 4,
+        pace: Duration::from_millis(20),
+    }));
+    let server = start(serve_runtime(echo)).await;
+    let client = client_for(&server).await;
+    let request = request("run-steer", "first", serde_json::json!({}));
+    let inputs = request.inputs.clone();
+    let mut stream = client
+        .execute(request, CancellationToken::new())
+        .await
+        .unwrap();
+    // Offered while the first reply streams: taken at its end.
+    let Some(Ok(RuntimeEvent::AssistantDelta(first))) = next(&mut stream).await else {
+        panic!("the reply starts with text");
+    };
+    assert!(inputs.push(run_coordinator::runtime::SteerInput {
+        id: "steer-1".into(),
+        message: "second".into(),
+    }));
+    let mut text = first;
+    let mut taken_at = None;
+    while let Some(item) = next(&mut stream).await {
+        match item.unwrap() {
+            RuntimeEvent::AssistantDelta(delta) => text.push_str(&delta),
+            RuntimeEvent::InputTaken { id } => {
+                assert_eq!(id, "steer-1");
+                taken_at = Some(text.clone());
+            }
+            RuntimeEvent::Finished { .. } => break,
+            _ => {}
+        }
+    }
+    assert_eq!(
+        taken_at.as_deref(),
+        Some("first"),
+        "taken at the reply's end"
+    );
+    assert_eq!(text, "firstsecond");
+}
+
+#[tokio::test]
+async fn a_runtime_without_steer_takes_nothing() {
+    let server = start(AgentRuntimeServer::new(StubbornService::default())).await;
+    let client = client_for(&server).await;
+    let request = request("run-old", "x", serde_json::json!({}));
+    let inputs = request.inputs.clone();
+    let mut stream = client
+        .execute(request, CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(inputs.push(run_coordinator::runtime::SteerInput {
+        id: "steer-old".into(),
+        message: "never taken".into(),
+    }));
+    for _ in 0..20 {
+        let event = next(&mut stream).await.unwrap().unwrap();
+        assert!(
+            !matches!(event, RuntimeEvent::InputTaken { .. }),
+            "{event:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn models_cross_the_wire_and_an_old_runtime_offers_none() {
     let echo = Arc::new(EchoRuntime::new(EchoConfig::default()));
     let server = start(serve_runtime(echo.clone())).await;
@@ -583,6 +650,13 @@ struct StubbornService {
 
 #[async_trait]
 impl agent_runtime_server::AgentRuntime for StubbornService {
+    async fn steer(
+        &self,
+        _request: tonic::Request<pb::SteerRequest>,
+    ) -> Result<tonic::Response<pb::SteerResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("Steer"))
+    }
+
     async fn list_models(
         &self,
         _request: tonic::Request<pb::ListModelsRequest>,
@@ -711,6 +785,13 @@ struct HangingService {
 
 #[async_trait]
 impl agent_runtime_server::AgentRuntime for HangingService {
+    async fn steer(
+        &self,
+        _request: tonic::Request<pb::SteerRequest>,
+    ) -> Result<tonic::Response<pb::SteerResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("Steer"))
+    }
+
     async fn list_models(
         &self,
         _request: tonic::Request<pb::ListModelsRequest>,

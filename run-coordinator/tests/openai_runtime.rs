@@ -217,6 +217,7 @@ fn request(message: &str, history: Vec<HistoryMessage>, options: Value) -> Runti
         history,
         options,
         deadline_ms: None,
+        inputs: Default::default(),
     }
 }
 

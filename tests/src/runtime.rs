@@ -69,6 +69,14 @@ impl AgentRuntime for Service {
         Ok(tonic::Response::new(pb::CancelResponse { cancelled: true }))
     }
 
+    /// It takes no steered messages: they become turns of their own.
+    async fn steer(
+        &self,
+        _request: tonic::Request<pb::SteerRequest>,
+    ) -> Result<tonic::Response<pb::SteerResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::SteerResponse { accepted: false }))
+    }
+
     /// As a runtime written against the contract before `ListModels`
     /// existed answers: the coordinator then offers no model by name.
     async fn list_models(

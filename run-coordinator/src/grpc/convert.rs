@@ -51,6 +51,8 @@ pub fn submit_from_pb(r: pb::SubmitRequest) -> Result<SubmitRequest, Coordinator
         Ok(pb::QueueMode::Unspecified | pb::QueueMode::Enqueue) => QueueMode::Enqueue,
         Ok(pb::QueueMode::Interrupt) => QueueMode::Interrupt,
         Ok(pb::QueueMode::Reject) => QueueMode::Reject,
+        Ok(pb::QueueMode::Steer) => QueueMode::Steer,
+        Ok(pb::QueueMode::Collect) => QueueMode::Collect,
         Err(_) => {
             return Err(CoordinatorError::invalid(format!(
                 "unknown queue mode {}",

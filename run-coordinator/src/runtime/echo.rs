@@ -7,6 +7,7 @@
 //! "unknown"), `ignoreCancel` (true: keep streaming and finish successfully
 //! even when cancelled).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -70,7 +71,28 @@ fn split_chunks(text: &str, chunks: usize) -> Vec<String> {
 /// One step of the plan: wait `pace` first when `paced`, then emit.
 struct Step {
     paced: bool,
-    item: Result<RuntimeEvent, RuntimeError>,
+    item: Item,
+}
+
+enum Item {
+    Event(Result<RuntimeEvent, RuntimeError>),
+    /// The end of a reply: a steered message is taken here, and echoed as
+    /// the next reply of the same turn.
+    Boundary,
+}
+
+fn event(paced: bool, event: Result<RuntimeEvent, RuntimeError>) -> Step {
+    Step {
+        paced,
+        item: Item::Event(event),
+    }
+}
+
+/// The steps that echo `text` in `chunks` pieces.
+fn reply(text: &str, chunks: usize) -> impl Iterator<Item = Step> {
+    split_chunks(text, chunks)
+        .into_iter()
+        .map(|chunk| event(true, Ok(RuntimeEvent::AssistantDelta(chunk))))
 }
 
 fn plan(request: &RuntimeRequest, options: &EchoOptions, chunks: usize) -> Vec<Step> {
@@ -78,58 +100,56 @@ fn plan(request: &RuntimeRequest, options: &EchoOptions, chunks: usize) -> Vec<S
     if options.tool_call {
         let id = format!("echo-tool-{}", request.run_id);
         let args = serde_json::json!({ "text": request.message }).to_string();
-        steps.push(Step {
-            paced: true,
-            item: Ok(RuntimeEvent::ToolStart {
+        steps.push(event(
+            true,
+            Ok(RuntimeEvent::ToolStart {
                 tool_call_id: id.clone(),
                 name: "echo".into(),
                 arguments_json: args,
             }),
-        });
+        ));
         let result = serde_json::json!({ "length": request.message.chars().count() }).to_string();
-        steps.push(Step {
-            paced: true,
-            item: Ok(RuntimeEvent::ToolResult {
+        steps.push(event(
+            true,
+            Ok(RuntimeEvent::ToolResult {
                 tool_call_id: id,
                 result_json: result,
                 is_error: false,
             }),
-        });
+        ));
     }
-    for (index, chunk) in split_chunks(&request.message, chunks)
-        .into_iter()
-        .enumerate()
-    {
-        steps.push(Step {
-            paced: true,
-            item: Ok(RuntimeEvent::AssistantDelta(chunk)),
-        });
+    for (index, step) in reply(&request.message, chunks).enumerate() {
+        steps.push(step);
         if index == 0
             && let Some(message) = &options.fail
         {
             let kind = options.fail_kind.unwrap_or(ErrorKind::Unknown);
-            steps.push(Step {
-                paced: true,
-                item: Err(RuntimeError::new(kind, message.clone(), false)),
-            });
+            steps.push(event(
+                true,
+                Err(RuntimeError::new(kind, message.clone(), false)),
+            ));
             return steps;
         }
     }
-    let words = request.message.split_whitespace().count() as u64;
     steps.push(Step {
         paced: false,
-        item: Ok(RuntimeEvent::Usage(Usage {
+        item: Item::Boundary,
+    });
+    let words = request.message.split_whitespace().count() as u64;
+    steps.push(event(
+        false,
+        Ok(RuntimeEvent::Usage(Usage {
             input_tokens: words,
             output_tokens: words,
             total_tokens: 2 * words,
         })),
-    });
-    steps.push(Step {
-        paced: false,
-        item: Ok(RuntimeEvent::Finished {
+    ));
+    steps.push(event(
+        false,
+        Ok(RuntimeEvent::Finished {
             stop_reason: "stop".into(),
         }),
-    });
+    ));
     steps
 }
 
@@ -170,28 +190,45 @@ impl AgentRuntime for EchoRuntime {
             .pace_ms
             .map_or(self.config.pace, Duration::from_millis);
         let chunks = options.chunks.unwrap_or(self.config.chunks).max(1);
-        let steps = plan(&request, &options, chunks);
+        let steps: VecDeque<Step> = plan(&request, &options, chunks).into();
         // Cancellation is honoured unless the run asked to ignore it.
         let cancel = (!options.ignore_cancel).then_some(cancel);
-        let stream = futures::stream::iter(steps).then(move |step| {
-            let cancel = cancel.clone();
+        let inputs = request.inputs.clone();
+        let stream = futures::stream::unfold(steps, move |mut steps| {
+            let (cancel, inputs) = (cancel.clone(), inputs.clone());
             async move {
-                if step.paced {
-                    match &cancel {
-                        Some(cancel) => tokio::select! {
-                            () = tokio::time::sleep(pace) => {}
-                            () = cancel.cancelled() => return None,
-                        },
-                        None => tokio::time::sleep(pace).await,
+                loop {
+                    let step = steps.pop_front()?;
+                    if step.paced {
+                        match &cancel {
+                            Some(cancel) => tokio::select! {
+                                () = tokio::time::sleep(pace) => {}
+                                () = cancel.cancelled() => return None,
+                            },
+                            None => tokio::time::sleep(pace).await,
+                        }
+                    }
+                    match step.item {
+                        Item::Event(item) => return Some((item, steps)),
+                        Item::Boundary => {
+                            let Some(input) = inputs.try_take() else {
+                                continue;
+                            };
+                            // What the steered message adds is echoed next.
+                            let mut next: VecDeque<Step> = reply(&input.message, chunks).collect();
+                            next.push_back(Step {
+                                paced: false,
+                                item: Item::Boundary,
+                            });
+                            next.extend(steps);
+                            let taken = RuntimeEvent::InputTaken { id: input.id };
+                            return Some((Ok(taken), next));
+                        }
                     }
                 }
-                Some(step.item)
             }
         });
-        Ok(stream
-            .take_while(|item| std::future::ready(item.is_some()))
-            .filter_map(std::future::ready)
-            .boxed())
+        Ok(stream.boxed())
     }
 }
 
@@ -208,6 +245,7 @@ mod tests {
             history: Vec::new(),
             options,
             deadline_ms: None,
+            inputs: Default::default(),
         }
     }
 

@@ -6,7 +6,9 @@ pub mod echo;
 pub mod grpc;
 pub mod openai;
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -34,6 +36,90 @@ pub struct RuntimeRequest {
     pub options: serde_json::Value,
     /// The run's deadline, Unix milliseconds. The coordinator enforces it.
     pub deadline_ms: Option<i64>,
+    /// Messages steered into this run while it runs (queue mode `steer`).
+    pub inputs: Inputs,
+}
+
+/// A message steered into a running run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SteerInput {
+    /// The steering run's id: what `RuntimeEvent::InputTaken` names.
+    pub id: String,
+    pub message: String,
+}
+
+/// The messages steered into one run, for its runtime to take at its next
+/// model boundary (after a reply or a tool result, before the next model
+/// call). A runtime that takes one emits `RuntimeEvent::InputTaken` before
+/// anything that answers it; one it never takes becomes the session's next
+/// turn instead, so a runtime that ignores steering loses nothing.
+#[derive(Clone, Default)]
+pub struct Inputs {
+    inner: Arc<InputsInner>,
+}
+
+#[derive(Default)]
+struct InputsInner {
+    queue: Mutex<InputQueue>,
+    arrived: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct InputQueue {
+    items: VecDeque<SteerInput>,
+    closed: bool,
+}
+
+impl fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let queue = self.inner.queue.lock().unwrap();
+        f.debug_struct("Inputs")
+            .field("pending", &queue.items.len())
+            .field("closed", &queue.closed)
+            .finish()
+    }
+}
+
+impl Inputs {
+    /// Offers `input` to the run; `false` once the run takes no more.
+    pub fn push(&self, input: SteerInput) -> bool {
+        let mut queue = self.inner.queue.lock().unwrap();
+        if queue.closed {
+            return false;
+        }
+        queue.items.push_back(input);
+        drop(queue);
+        self.inner.arrived.notify_waiters();
+        true
+    }
+
+    /// The oldest input not yet taken.
+    pub fn try_take(&self) -> Option<SteerInput> {
+        self.inner.queue.lock().unwrap().items.pop_front()
+    }
+
+    /// Waits until an input is there or the run takes no more; `false` then.
+    pub async fn wait(&self) -> bool {
+        loop {
+            let arrived = self.inner.arrived.notified();
+            {
+                let queue = self.inner.queue.lock().unwrap();
+                if !queue.items.is_empty() {
+                    return true;
+                }
+                if queue.closed {
+                    return false;
+                }
+            }
+            arrived.await;
+        }
+    }
+
+    /// Takes no more inputs.
+    pub fn close(&self) {
+        self.inner.queue.lock().unwrap().closed = true;
+        self.inner.arrived.notify_waiters();
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +149,11 @@ pub enum RuntimeEvent {
         is_error: bool,
     },
     Usage(Usage),
+    /// The runtime took the steered input `id` (`Inputs::try_take`): what
+    /// follows answers it.
+    InputTaken {
+        id: String,
+    },
     /// The turn is over. A stream that ends without it means "stop".
     Finished {
         stop_reason: String,

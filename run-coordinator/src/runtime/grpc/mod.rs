@@ -10,27 +10,30 @@
 //! turns into a cancelled token) and also calls `Cancel` with the run id, for
 //! runtimes whose work outlives the call.
 
-use std::collections::HashMap;
 use std::error::Error as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use clawgate_proto::agent_runtime::v1 as pb;
 use clawgate_proto::agent_runtime::v1::agent_runtime_client::AgentRuntimeClient;
-use clawgate_proto::agent_runtime::v1::agent_runtime_server::{self, AgentRuntimeServer};
 use clawgate_telemetry::{TracedChannel, traced_channel};
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status, Streaming};
 
+mod convert;
+mod service;
+
+pub use convert::catalog_to_pb;
+use convert::{catalog_from_pb, event_from_pb, request_to_pb};
+pub use service::{RuntimeService, serve_runtime};
+
 use super::{
-    AgentRuntime, ErrorKind, HistoryMessage, ModelCatalog, ModelInfo, RuntimeError, RuntimeEvent,
-    RuntimeRequest, RuntimeStream, Usage,
+    AgentRuntime, ErrorKind, Inputs, ModelCatalog, RuntimeError, RuntimeEvent, RuntimeRequest,
+    RuntimeStream,
 };
 
 /// Largest message either side accepts (requests carry the history).
@@ -140,6 +143,12 @@ impl AgentRuntime for GrpcRuntime {
             done.clone(),
         ));
         let done = done.drop_guard();
+        tokio::spawn(forward_inputs(
+            self.client.clone(),
+            run_id.clone(),
+            request.inputs.clone(),
+            stop.clone(),
+        ));
 
         let mut call = tonic::Request::new(request_to_pb(request));
         if let Some(timeout) = self.request_timeout {
@@ -180,44 +189,6 @@ impl AgentRuntime for GrpcRuntime {
             Err(status) if status.code() == Code::Unimplemented => Ok(ModelCatalog::default()),
             Err(status) => Err(status_to_error(&self.address, &status)),
         }
-    }
-}
-
-fn catalog_from_pb(response: pb::ListModelsResponse) -> ModelCatalog {
-    ModelCatalog {
-        models: response
-            .models
-            .into_iter()
-            .map(|m| ModelInfo {
-                id: m.id,
-                name: m.name,
-                provider: m.provider,
-                context_window: (m.context_window > 0).then_some(m.context_window),
-                reasoning: m.reasoning,
-                input: m.input,
-            })
-            .collect(),
-        default_model: Some(response.default_model).filter(|m| !m.is_empty()),
-    }
-}
-
-/// A catalog in the contract's words (also what the coordinator answers
-/// `DescribeRuntime` with).
-pub fn catalog_to_pb(catalog: ModelCatalog) -> pb::ListModelsResponse {
-    pb::ListModelsResponse {
-        models: catalog
-            .models
-            .into_iter()
-            .map(|m| pb::Model {
-                id: m.id,
-                name: m.name,
-                provider: m.provider,
-                context_window: m.context_window.unwrap_or(0),
-                reasoning: m.reasoning,
-                input: m.input,
-            })
-            .collect(),
-        default_model: catalog.default_model.unwrap_or_default(),
     }
 }
 
@@ -327,6 +298,41 @@ async fn watch_for_cancel(
 }
 
 /// Maps a gRPC status from the runtime service to a runtime error.
+/// Offers each message steered into the run to the runtime (`Steer`) until
+/// the run stops taking them. One the runtime refuses is simply not taken:
+/// the coordinator makes it the next turn when the run ends.
+async fn forward_inputs(
+    mut client: AgentRuntimeClient<TracedChannel>,
+    run_id: String,
+    inputs: Inputs,
+    stop: CancellationToken,
+) {
+    loop {
+        let more = tokio::select! {
+            more = inputs.wait() => more,
+            () = stop.cancelled() => return,
+        };
+        if !more {
+            return;
+        }
+        while let Some(input) = inputs.try_take() {
+            let mut call = tonic::Request::new(pb::SteerRequest {
+                run_id: run_id.clone(),
+                input_id: input.id,
+                message: input.message,
+            });
+            call.set_timeout(CANCEL_TIMEOUT);
+            match client.steer(call).await {
+                Ok(response) if response.get_ref().accepted => {}
+                Ok(_) => tracing::debug!(%run_id, "the runtime did not accept a steered message"),
+                // A runtime without `Steer` takes no steered messages.
+                Err(status) if status.code() == Code::Unimplemented => return,
+                Err(status) => tracing::debug!(%run_id, error = %status, "steering failed"),
+            }
+        }
+    }
+}
+
 pub fn status_to_error(address: &str, status: &Status) -> RuntimeError {
     let (kind, retryable) = match status.code() {
         Code::Unavailable => (ErrorKind::Unknown, true),
@@ -353,351 +359,11 @@ pub fn status_to_error(address: &str, status: &Status) -> RuntimeError {
     RuntimeError::new(kind, message, retryable)
 }
 
-fn request_to_pb(request: RuntimeRequest) -> pb::ExecuteRequest {
-    let options_json = if request.options.is_null() {
-        "{}".to_owned()
-    } else {
-        request.options.to_string()
-    };
-    pb::ExecuteRequest {
-        run_id: request.run_id,
-        session_key: request.session_key,
-        session_id: request.session_id,
-        message: request.message,
-        history: request
-            .history
-            .into_iter()
-            .map(|m| pb::HistoryMessage {
-                role: m.role,
-                content_json: m.content_json,
-            })
-            .collect(),
-        options_json,
-        deadline_ms: request.deadline_ms.unwrap_or(0),
-    }
-}
-
-fn request_from_pb(request: pb::ExecuteRequest) -> Result<RuntimeRequest, Status> {
-    if request.run_id.is_empty() {
-        return Err(Status::invalid_argument("run_id is required"));
-    }
-    let options = if request.options_json.trim().is_empty() {
-        serde_json::json!({})
-    } else {
-        serde_json::from_str(&request.options_json)
-            .map_err(|e| Status::invalid_argument(format!("options_json is not JSON: {e}")))?
-    };
-    Ok(RuntimeRequest {
-        run_id: request.run_id,
-        session_key: request.session_key,
-        session_id: request.session_id,
-        message: request.message,
-        history: request
-            .history
-            .into_iter()
-            .map(|m| HistoryMessage {
-                role: m.role,
-                content_json: m.content_json,
-            })
-            .collect(),
-        options,
-        deadline_ms: (request.deadline_ms != 0).then_some(request.deadline_ms),
-    })
-}
-
-/// `None` for an event this side does not know (a newer contract).
-fn event_from_pb(event: pb::RuntimeEvent) -> Option<Result<RuntimeEvent, RuntimeError>> {
-    use pb::runtime_event::Event;
-    Some(Ok(match event.event? {
-        Event::AssistantDelta(d) => RuntimeEvent::AssistantDelta(d.text),
-        Event::ToolStart(t) => RuntimeEvent::ToolStart {
-            tool_call_id: t.tool_call_id,
-            name: t.name,
-            arguments_json: t.arguments_json,
-        },
-        Event::ToolUpdate(t) => RuntimeEvent::ToolUpdate {
-            tool_call_id: t.tool_call_id,
-            partial_json: t.partial_json,
-        },
-        Event::ToolResult(t) => RuntimeEvent::ToolResult {
-            tool_call_id: t.tool_call_id,
-            result_json: t.result_json,
-            is_error: t.is_error,
-        },
-        Event::Usage(u) => RuntimeEvent::Usage(Usage {
-            input_tokens: u.input_tokens,
-            output_tokens: u.output_tokens,
-            total_tokens: u.total_tokens,
-        }),
-        Event::Finished(f) => RuntimeEvent::Finished {
-            stop_reason: f.stop_reason,
-        },
-        Event::Failed(f) => {
-            let kind = kind_from_pb(f.kind());
-            return Some(Err(RuntimeError::new(kind, f.message, f.retryable)));
-        }
-    }))
-}
-
-fn event_to_pb(event: RuntimeEvent) -> pb::RuntimeEvent {
-    use pb::runtime_event::Event;
-    let event = match event {
-        RuntimeEvent::AssistantDelta(text) => Event::AssistantDelta(pb::AssistantDelta { text }),
-        RuntimeEvent::ToolStart {
-            tool_call_id,
-            name,
-            arguments_json,
-        } => Event::ToolStart(pb::ToolStart {
-            tool_call_id,
-            name,
-            arguments_json,
-        }),
-        RuntimeEvent::ToolUpdate {
-            tool_call_id,
-            partial_json,
-        } => Event::ToolUpdate(pb::ToolUpdate {
-            tool_call_id,
-            partial_json,
-        }),
-        RuntimeEvent::ToolResult {
-            tool_call_id,
-            result_json,
-            is_error,
-        } => Event::ToolResult(pb::ToolResult {
-            tool_call_id,
-            result_json,
-            is_error,
-        }),
-        RuntimeEvent::Usage(u) => Event::Usage(pb::Usage {
-            input_tokens: u.input_tokens,
-            output_tokens: u.output_tokens,
-            total_tokens: u.total_tokens,
-        }),
-        RuntimeEvent::Finished { stop_reason } => Event::Finished(pb::Finished { stop_reason }),
-    };
-    pb::RuntimeEvent { event: Some(event) }
-}
-
-fn failed_to_pb(error: RuntimeError) -> pb::RuntimeEvent {
-    pb::RuntimeEvent {
-        event: Some(pb::runtime_event::Event::Failed(pb::Failed {
-            kind: kind_to_pb(error.kind) as i32,
-            message: error.message,
-            retryable: error.retryable,
-        })),
-    }
-}
-
-fn kind_from_pb(kind: pb::ErrorKind) -> ErrorKind {
-    match kind {
-        pb::ErrorKind::RateLimit => ErrorKind::RateLimit,
-        pb::ErrorKind::ContextLength => ErrorKind::ContextLength,
-        pb::ErrorKind::Timeout => ErrorKind::Timeout,
-        pb::ErrorKind::Refusal => ErrorKind::Refusal,
-        pb::ErrorKind::Unknown | pb::ErrorKind::Unspecified => ErrorKind::Unknown,
-    }
-}
-
-fn kind_to_pb(kind: ErrorKind) -> pb::ErrorKind {
-    match kind {
-        ErrorKind::RateLimit => pb::ErrorKind::RateLimit,
-        ErrorKind::ContextLength => pb::ErrorKind::ContextLength,
-        ErrorKind::Timeout => pb::ErrorKind::Timeout,
-        ErrorKind::Refusal => pb::ErrorKind::Refusal,
-        ErrorKind::Unknown => pb::ErrorKind::Unknown,
-    }
-}
-
-/// Exposes `runtime` as the gRPC `AgentRuntime` service.
-pub fn serve_runtime<R: AgentRuntime + ?Sized>(
-    runtime: Arc<R>,
-) -> AgentRuntimeServer<RuntimeService<R>> {
-    AgentRuntimeServer::new(RuntimeService::new(runtime))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES)
-}
-
-/// The gRPC `AgentRuntime` service over a Rust [`AgentRuntime`].
-///
-/// Every running execution has a cancellation token in a map by run id:
-/// `Cancel` fires it, and so does the client going away (the response stream
-/// being dropped before it ended). Events are forwarded as the runtime
-/// produces them; an `Err` becomes a final `failed` event.
-pub struct RuntimeService<R: ?Sized> {
-    runtime: Arc<R>,
-    runs: Arc<Mutex<HashMap<String, Running>>>,
-    next_generation: AtomicU64,
-}
-
-struct Running {
-    /// Tells this execution apart from a later one with the same run id.
-    generation: u64,
-    cancel: CancellationToken,
-}
-
-impl<R: AgentRuntime + ?Sized> RuntimeService<R> {
-    pub fn new(runtime: Arc<R>) -> Self {
-        Self {
-            runtime,
-            runs: Arc::default(),
-            next_generation: AtomicU64::new(0),
-        }
-    }
-
-    fn register(&self, run_id: &str) -> RunGuard {
-        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let cancel = CancellationToken::new();
-        let previous = lock(&self.runs).insert(
-            run_id.to_owned(),
-            Running {
-                generation,
-                cancel: cancel.clone(),
-            },
-        );
-        if let Some(previous) = previous {
-            // A new call for the same run replaces the old one (its client is
-            // presumably gone, e.g. a retry that raced the reset).
-            tracing::warn!(%run_id, "run executed again while running; cancelling the earlier execution");
-            previous.cancel.cancel();
-        }
-        RunGuard {
-            runs: self.runs.clone(),
-            run_id: run_id.to_owned(),
-            generation,
-            cancel,
-            completed: false,
-        }
-    }
-}
-
-fn lock(
-    runs: &Mutex<HashMap<String, Running>>,
-) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
-    runs.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Unregisters an execution when its response stream (or the handler, if
-/// the client left before the stream started) is dropped, cancelling it
-/// unless it ran to the end.
-struct RunGuard {
-    runs: Arc<Mutex<HashMap<String, Running>>>,
-    run_id: String,
-    generation: u64,
-    cancel: CancellationToken,
-    completed: bool,
-}
-
-impl Drop for RunGuard {
-    fn drop(&mut self) {
-        if !self.completed {
-            self.cancel.cancel();
-        }
-        let mut runs = lock(&self.runs);
-        if runs
-            .get(&self.run_id)
-            .is_some_and(|r| r.generation == self.generation)
-        {
-            runs.remove(&self.run_id);
-        }
-    }
-}
-
-/// Forwards one execution's events; ends after `finished` or `failed`.
-struct Forward {
-    events: Option<RuntimeStream>,
-    guard: RunGuard,
-}
-
-impl Forward {
-    async fn next(mut self) -> Option<(Result<pb::RuntimeEvent, Status>, Self)> {
-        let Some(item) = self.events.as_mut()?.next().await else {
-            self.guard.completed = true;
-            return None;
-        };
-        let event = match item {
-            Ok(event) => {
-                if matches!(event, RuntimeEvent::Finished { .. }) {
-                    self.finish();
-                }
-                event_to_pb(event)
-            }
-            Err(error) => {
-                self.finish();
-                failed_to_pb(error)
-            }
-        };
-        Some((Ok(event), self))
-    }
-
-    fn finish(&mut self) {
-        self.events = None;
-        self.guard.completed = true;
-    }
-}
-
-#[async_trait]
-impl<R: AgentRuntime + ?Sized> agent_runtime_server::AgentRuntime for RuntimeService<R> {
-    type ExecuteStream = BoxStream<'static, Result<pb::RuntimeEvent, Status>>;
-
-    async fn execute(
-        &self,
-        request: tonic::Request<pb::ExecuteRequest>,
-    ) -> Result<tonic::Response<Self::ExecuteStream>, Status> {
-        let request = request_from_pb(request.into_inner())?;
-        // Registered before `execute` so a client that leaves while the
-        // runtime is starting still cancels it.
-        let mut guard = self.register(&request.run_id);
-        let stream = match self.runtime.execute(request, guard.cancel.clone()).await {
-            Ok(events) => futures::stream::unfold(
-                Forward {
-                    events: Some(events),
-                    guard,
-                },
-                Forward::next,
-            )
-            .fuse()
-            .boxed(),
-            Err(error) => {
-                guard.completed = true;
-                drop(guard);
-                futures::stream::once(std::future::ready(Ok(failed_to_pb(error)))).boxed()
-            }
-        };
-        Ok(tonic::Response::new(stream))
-    }
-
-    async fn list_models(
-        &self,
-        _request: tonic::Request<pb::ListModelsRequest>,
-    ) -> Result<tonic::Response<pb::ListModelsResponse>, Status> {
-        let catalog = self
-            .runtime
-            .models()
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(tonic::Response::new(catalog_to_pb(catalog)))
-    }
-
-    async fn cancel(
-        &self,
-        request: tonic::Request<pb::CancelRequest>,
-    ) -> Result<tonic::Response<pb::CancelResponse>, Status> {
-        let run_id = request.into_inner().run_id;
-        let cancelled = match lock(&self.runs).get(&run_id) {
-            Some(running) if !running.cancel.is_cancelled() => {
-                running.cancel.cancel();
-                true
-            }
-            _ => false,
-        };
-        tracing::debug!(%run_id, cancelled, "cancel requested");
-        Ok(tonic::Response::new(pb::CancelResponse { cancelled }))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::convert::{event_to_pb, failed_to_pb, request_from_pb};
     use super::*;
+    use crate::runtime::{HistoryMessage, Usage};
 
     #[test]
     fn status_codes_map_to_kinds() {
@@ -772,8 +438,9 @@ mod tests {
             }],
             options: serde_json::json!({"a": 1}),
             deadline_ms: Some(5),
+            inputs: Default::default(),
         };
-        let back = request_from_pb(request_to_pb(request.clone())).unwrap();
+        let back = request_from_pb(request_to_pb(request.clone()), Inputs::default()).unwrap();
         assert_eq!(back.history, request.history);
         assert_eq!(back.options, request.options);
         assert_eq!(back.deadline_ms, Some(5));
@@ -781,18 +448,19 @@ mod tests {
         let mut bare = request_to_pb(RuntimeRequest {
             options: serde_json::Value::Null,
             deadline_ms: None,
+            inputs: Default::default(),
             ..request
         });
         assert_eq!((bare.options_json.as_str(), bare.deadline_ms), ("{}", 0));
         bare.options_json.clear();
-        let back = request_from_pb(bare.clone()).unwrap();
+        let back = request_from_pb(bare.clone(), Inputs::default()).unwrap();
         assert_eq!(
             (back.options, back.deadline_ms),
             (serde_json::json!({}), None)
         );
         bare.options_json = "{".into();
         assert_eq!(
-            request_from_pb(bare).unwrap_err().code(),
+            request_from_pb(bare, Inputs::default()).unwrap_err().code(),
             Code::InvalidArgument
         );
     }
