@@ -101,12 +101,13 @@ pub struct EdgeConfig {
     /// Most connections the presence list shows (the newest).
     #[arg(long, env = "EDGE_PRESENCE_MAX_ENTRIES", default_value_t = 100)]
     pub presence_max_entries: usize,
-    /// The queue mode of a message whose send and session name none.
+    /// The queue mode of a message whose send and session name none (the
+    /// protocol's default: steer).
     #[arg(
         long,
         env = "EDGE_DEFAULT_QUEUE_MODE",
         value_enum,
-        default_value = "followup"
+        default_value = "steer"
     )]
     pub default_queue_mode: QueueMode,
     /// Most attachment bytes (decoded, all attachments of one message

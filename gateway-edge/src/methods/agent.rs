@@ -171,6 +171,11 @@ pub(super) async fn agent(
     }
 }
 
+/// Admitted and waiting for its turn in the session's lane.
+fn is_queued(snapshot: &pb::RunSnapshot) -> bool {
+    matches!(status_name(snapshot.status), "accepted" | "queued") && snapshot.queue_position > 0
+}
+
 pub(super) const AGENT_WAIT_KEYS: &[&str] = &["runId", "timeoutMs"];
 
 pub(super) async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
@@ -182,6 +187,20 @@ pub(super) async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
         .map_err(fail)?
         .unwrap_or(30_000);
     let coordinator = &edge.backends.coordinator;
+    // A run still queued behind another turn is answered at once, as the
+    // protocol does: waiting would only spend the caller's timeout.
+    let current = coordinator
+        .get(pb::GetRequest {
+            run_id: run_id.to_owned(),
+        })
+        .await
+        .map_err(backend_error)?
+        .snapshot;
+    if current.as_ref().is_some_and(is_queued) {
+        return Ok(json!({
+            "runId": run_id, "status": "pending", "timeoutPhase": "queue", "providerStarted": false,
+        }));
+    }
     let waited = coordinator
         .wait(pb::WaitRequest {
             run_id: run_id.to_owned(),

@@ -54,12 +54,8 @@ const RECONNECT_MARKER: &str = "__controlUiReconnectResume";
 /// Client modes whose sends may carry the reconnect marker.
 const UI_MODES: &[&str] = &["webchat", "ui"];
 
-pub(super) async fn chat_send(
-    edge: &Arc<Edge>,
-    conn: &Arc<Conn>,
-    params: &Value,
-    received: Instant,
-) -> Answer {
+pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
+    let (edge, conn, params, received) = (call.edge, call.conn, call.params(), call.received);
     let stripped;
     let params = match params.as_object() {
         Some(object)
@@ -87,10 +83,16 @@ pub(super) async fn chat_send(
         return Err(fail(ErrorShape::invalid("message or attachment required")));
     }
     let session = key_for("chat.send", raw_key)?;
-    let queue_mode = match p.one_of("queueMode", QueueMode::NAMES).map_err(fail)? {
-        Some("interrupt") => pb::QueueMode::Interrupt,
-        _ => pb::QueueMode::Enqueue,
-    };
+    let queue_mode = p
+        .one_of("queueMode", QueueMode::NAMES)
+        .map_err(fail)?
+        .and_then(|mode| <QueueMode as clap::ValueEnum>::from_str(mode, false).ok())
+        .map(queue_mode_to_pb);
+    if super::commands::interpreted(params)
+        && let Some(command) = super::commands::parse(message).map_err(fail)?
+    {
+        return super::commands::run(call, &session, key, command, received).await;
+    }
     let timeout_ms = p
         .integer("timeoutMs", 0, 48 * 3600 * 1000)
         .map_err(fail)?
@@ -116,8 +118,19 @@ pub(super) struct Turn<'a> {
     /// The idempotency key (the run's id).
     pub run_id: &'a str,
     pub message: &'a str,
-    pub queue_mode: pb::QueueMode,
+    /// `None`: the session's queue mode, or the gateway's default.
+    pub queue_mode: Option<pb::QueueMode>,
     pub timeout_ms: u64,
+}
+
+/// The coordinator's name for a queue mode.
+pub(super) fn queue_mode_to_pb(mode: QueueMode) -> pb::QueueMode {
+    match mode {
+        QueueMode::Steer => pb::QueueMode::Steer,
+        QueueMode::Followup => pb::QueueMode::Enqueue,
+        QueueMode::Collect => pb::QueueMode::Collect,
+        QueueMode::Interrupt => pb::QueueMode::Interrupt,
+    }
 }
 
 /// Submits a chat turn with the session's settings (its model) and answers
@@ -129,15 +142,18 @@ pub(super) async fn start_turn(
     received: Instant,
 ) -> Answer {
     let key = turn.run_id;
-    let options = super::session_settings::run_options(edge, turn.session).await?;
+    let settings = super::session_settings::turn_settings(edge, turn.session).await?;
+    let queue_mode = turn
+        .queue_mode
+        .unwrap_or(queue_mode_to_pb(settings.queue_mode));
     let submit = pb::SubmitRequest {
         run_id: key.to_owned(),
         session_key: turn.session.as_str().to_owned(),
         kind: "chat".into(),
         message: turn.message.to_owned(),
-        queue_mode: turn.queue_mode as i32,
+        queue_mode: queue_mode as i32,
         timeout_ms: turn.timeout_ms,
-        options_json: options,
+        options_json: settings.options_json,
         requester: conn.requester.clone(),
         label: None,
     };
@@ -221,7 +237,7 @@ pub(super) async fn sessions_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &
 
 /// Aborts `run_id`, or every unfinished run of `session`, that the
 /// connection may abort.
-async fn abort(
+pub(super) async fn abort(
     edge: &Arc<Edge>,
     conn: &Arc<Conn>,
     session: &session_store_api::SessionKey,

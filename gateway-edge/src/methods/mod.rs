@@ -13,6 +13,7 @@
 mod agent;
 mod catalog;
 mod chat;
+mod commands;
 mod health;
 mod history;
 mod runs;
@@ -143,7 +144,7 @@ method_table! {
     "chat.metadata", R, catalog::CHAT_METADATA_KEYS => |call| catalog::chat_metadata(call.edge, call.params());
     "agent", W, agent::AGENT_KEYS => |call| agent::agent(call.edge, call.conn, call.request, call.received);
     "agent.wait", W, agent::AGENT_WAIT_KEYS => |call| agent::agent_wait(call.edge, call.params());
-    "chat.send", W, chat::CHAT_SEND_KEYS => |call| chat::chat_send(call.edge, call.conn, call.params(), call.received);
+    "chat.send", W, chat::CHAT_SEND_KEYS => |call| chat::chat_send(call);
     "chat.abort", W, chat::CHAT_ABORT_KEYS => |call| chat::chat_abort(call.edge, call.conn, call.params());
     "sessions.abort", W, chat::SESSIONS_ABORT_KEYS => |call| chat::sessions_abort(call.edge, call.conn, call.params());
     "chat.history", R, history::HISTORY_KEYS => |call| history::chat_history(call.edge, call.params());

@@ -152,11 +152,18 @@ pub(super) fn queue_mode_of(edge: &Edge, session: Option<&Session>) -> QueueMode
         .unwrap_or(edge.config.default_queue_mode)
 }
 
-/// The runtime options a turn of `key` runs with: its model override.
-pub(super) async fn run_options(
+/// What a turn of a session runs with.
+pub(super) struct TurnSettings {
+    /// The runtime options: the session's model override ("" when none).
+    pub options_json: String,
+    /// The queue mode of a send that names none.
+    pub queue_mode: QueueMode,
+}
+
+pub(super) async fn turn_settings(
     edge: &Arc<Edge>,
     key: &SessionKey,
-) -> Result<String, (ErrorShape, Option<Value>)> {
+) -> Result<TurnSettings, (ErrorShape, Option<Value>)> {
     let session = edge
         .backends
         .store
@@ -167,13 +174,17 @@ pub(super) async fn run_options(
         .as_ref()
         .map(settings_of)
         .and_then(|s| s.get("model").and_then(Value::as_str).map(str::to_owned));
-    Ok(match model {
+    let options_json = match model {
         // Stored as `provider/id`; the runtime names it by its id.
         Some(model) => {
             json!({ "model": model.split_once('/').map_or(model.as_str(), |(_, id)| id) })
                 .to_string()
         }
         None => String::new(),
+    };
+    Ok(TurnSettings {
+        options_json,
+        queue_mode: queue_mode_of(edge, session.as_ref()),
     })
 }
 
@@ -476,7 +487,12 @@ pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
         .map_err(store_error)?;
     let session_id = out.session.session_id.to_string();
     if out.created {
-        super::sessions::notify_sessions_changed(edge, key.as_str(), Some(&session_id), "create");
+        // After the answer, as the protocol orders them (a client that
+        // reloads on the event already knows the session by then).
+        let (notifier, created, id) = (edge.clone(), key.as_str().to_owned(), session_id.clone());
+        call.after_reply(move || {
+            super::sessions::notify_sessions_changed(&notifier, &created, Some(&id), "create")
+        });
     }
     let mut answer = json!({
         "ok": true, "key": key.as_str(), "sessionId": session_id,
@@ -500,7 +516,7 @@ pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
             session: &key,
             run_id: &run_id,
             message,
-            queue_mode: clawgate_proto::run_coordinator::v1::QueueMode::Enqueue,
+            queue_mode: None,
             timeout_ms,
         };
         let started = super::chat::start_turn(edge, conn, turn, call.received).await?;

@@ -50,7 +50,11 @@ fn fetched() -> (PathBuf, PathBuf) {
     );
     let ui = String::from_utf8(out.stdout).expect("a path");
     let ui = PathBuf::from(ui.lines().last().expect("the Control UI directory").trim());
-    assert!(ui.join("index.html").is_file(), "no index.html in {}", ui.display());
+    assert!(
+        ui.join("index.html").is_file(),
+        "no index.html in {}",
+        ui.display()
+    );
     (cache, ui)
 }
 
@@ -130,7 +134,11 @@ async fn the_control_ui_connects_chats_stops_and_switches_sessions() {
     );
     assert!(printed.contains("RESULT: PASS"), "{printed}");
     assert!(printed.contains("ok:false answers: 0"), "{printed}");
-    for shot in ["01-mid-stream.png", "03-after-reload.png", "05-after-stop.png"] {
+    for shot in [
+        "01-mid-stream.png",
+        "03-after-reload.png",
+        "05-after-stop.png",
+    ] {
         assert!(artifacts.join(shot).is_file(), "no screenshot {shot}");
     }
 }
