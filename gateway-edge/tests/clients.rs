@@ -1,0 +1,355 @@
+//! What current OpenClaw clients send, end to end through a real edge,
+//! coordinator and store: the Control UI's and the Linux app's `connect`,
+//! node hosts refused at `connect`, the four queue modes of `chat.send`,
+//! `agent.wait` on a queued run, and the slash commands.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const ADMIN_SCOPES: &[&str] = &["operator.admin", "operator.read", "operator.write"];
+
+/// The Control UI's connect (clients-v4.md §3.2), as it sends it.
+fn control_ui_connect() -> Value {
+    let mut params = connect_params(&["operator.admin", "operator.read", "operator.write"]);
+    params["client"] = json!({
+        "id": "openclaw-control-ui", "version": "2026.9.6",
+        "buildId": "2026.9.6-release-eb377ac59e6c-2026-09-23T16-33-12.144Z",
+        "platform": "Linux x86_64", "mode": "webchat",
+        "instanceId": "2e1e0b7b-68de-4471-ad08-8a313e82e936", "timeZone": "UTC",
+    });
+    params["modelCatalog"] = json!({ "sessionKey": "main" });
+    params["caps"] = json!(["tool-events", "agent-kind"]);
+    params["locale"] = json!("en-US");
+    params["userAgent"] = json!("Mozilla/5.0");
+    params
+}
+
+async fn connect_with(url: &str, params: Value) -> (Client, Value) {
+    let mut client = Client::open(url).await;
+    client.next_frame().await.expect("challenge");
+    client
+        .send(&json!({"type":"req","id":"c-1","method":"connect","params":params}))
+        .await;
+    let res = client.response("c-1").await;
+    (client, res)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn current_clients_connect_and_node_hosts_are_told_why_not() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+
+    let (_ui, res) = connect_with(&url, control_ui_connect()).await;
+    assert_eq!(res["ok"], true, "{res}");
+    let hello = &res["payload"];
+    assert!(hello["server"]["bootId"].is_string(), "{hello}");
+    assert!(hello["policy"]["attachments"]["maxBytes"].is_u64());
+    let methods = hello["features"]["methods"].as_array().unwrap();
+    for method in [
+        "chat.startup",
+        "chat.metadata",
+        "sessions.create",
+        "sessions.patch",
+        "models.list",
+    ] {
+        assert!(
+            methods.iter().any(|m| m == method),
+            "{method} not advertised"
+        );
+    }
+    // The presence snapshot lists the gateway and this connection.
+    let presence = hello["snapshot"]["presence"].as_array().unwrap();
+    assert_eq!(presence[0]["mode"], "gateway");
+    assert!(
+        presence
+            .iter()
+            .any(|p| p["clientId"] == "openclaw-control-ui"),
+        "{presence:?}"
+    );
+
+    let mut linux = control_ui_connect();
+    linux["client"]["id"] = json!("openclaw-linux");
+    linux["client"]["mode"] = json!("ui");
+    let (_app, res) = connect_with(&url, linux).await;
+    assert_eq!(res["ok"], true, "{res}");
+
+    // The schema stays closed, and its bounds hold.
+    let mut too_long = control_ui_connect();
+    too_long["client"]["timeZone"] = json!("x".repeat(65));
+    let (mut refused, res) = connect_with(&url, too_long).await;
+    assert_eq!(res["error"]["code"], "INVALID_REQUEST", "{res}");
+    assert_eq!(refused.until_closed().await.0, 1008);
+    let mut unknown = control_ui_connect();
+    unknown["client"]["favoriteColor"] = json!("teal");
+    let (_refused, res) = connect_with(&url, unknown).await;
+    assert!(
+        res["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("additional properties (favoriteColor)"),
+        "{res}"
+    );
+
+    // A node host learns at connect that nodes are not served here.
+    let mut node = connect_params(&[]);
+    node["role"] = json!("node");
+    node["client"] =
+        json!({ "id": "node-host", "version": "2026.9.6", "platform": "linux", "mode": "node" });
+    let (mut node, res) = connect_with(&url, node).await;
+    assert_eq!(res["ok"], false);
+    assert_eq!(
+        res["error"]["details"]["code"], "NODE_ROLE_UNSUPPORTED",
+        "{res}"
+    );
+    assert_eq!(node.until_closed().await.0, 1008);
+    system.stop.cancel();
+}
+
+/// Sends `message` to `session`; the ack.
+async fn send(
+    client: &mut Client,
+    session: &str,
+    run_id: &str,
+    message: &str,
+    extra: Value,
+) -> Value {
+    let mut params = json!({ "sessionKey": session, "message": message, "idempotencyKey": run_id });
+    for (key, value) in extra.as_object().unwrap() {
+        params[key] = value.clone();
+    }
+    client.request("chat.send", params).await
+}
+
+async fn chat_end(client: &mut Client, run_id: &str) -> Value {
+    client
+        .event(|f| {
+            f["event"] == "chat"
+                && f["payload"]["runId"] == run_id
+                && f["payload"]["state"] != "delta"
+        })
+        .await
+}
+
+async fn run_started(client: &mut Client, run_id: &str) {
+    client
+        .event(|f| {
+            f["event"] == "agent"
+                && f["payload"]["runId"] == run_id
+                && f["payload"]["data"]["phase"] == "start"
+        })
+        .await;
+}
+
+/// `(role, text)` of a session's history.
+async fn history(client: &mut Client, session: &str) -> Vec<(String, String)> {
+    let res = client
+        .request("chat.history", json!({ "sessionKey": session }))
+        .await;
+    res["payload"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let text = m["content"]
+                .as_array()
+                .map(|parts| parts.iter().filter_map(|p| p["text"].as_str()).collect())
+                .unwrap_or_default();
+            (m["role"].as_str().unwrap().to_owned(), text)
+        })
+        .collect()
+}
+
+fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|(r, t)| (r.to_string(), t.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_four_queue_modes_of_chat_send() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.write"]).await;
+
+    // steer (the default): into the running turn.
+    send(&mut client, "qm-steer", "st-1", "SLOW story", json!({})).await;
+    run_started(&mut client, "st-1").await;
+    let ack = send(&mut client, "qm-steer", "st-2", "shorter", json!({})).await;
+    assert_eq!(ack["payload"]["status"], "started", "{ack}");
+    let end = chat_end(&mut client, "st-1").await;
+    assert_eq!(end["payload"]["state"], "final");
+    assert_eq!(
+        chat_end(&mut client, "st-2").await["payload"]["state"],
+        "final"
+    );
+    assert_eq!(
+        history(&mut client, "qm-steer").await,
+        pairs(&[
+            ("user", "SLOW story"),
+            ("assistant", "SLOW story"),
+            ("user", "shorter"),
+            ("assistant", "shorter")
+        ])
+    );
+
+    // followup: a turn of its own.
+    send(&mut client, "qm-follow", "fu-1", "SLOW first", json!({})).await;
+    run_started(&mut client, "fu-1").await;
+    send(
+        &mut client,
+        "qm-follow",
+        "fu-2",
+        "second",
+        json!({ "queueMode": "followup" }),
+    )
+    .await;
+    // Queued behind the running turn: agent.wait answers at once.
+    let waited = client
+        .request(
+            "agent.wait",
+            json!({ "runId": "fu-2", "timeoutMs": 60_000 }),
+        )
+        .await;
+    assert_eq!(
+        waited["payload"],
+        json!({ "runId": "fu-2", "status": "pending", "timeoutPhase": "queue", "providerStarted": false })
+    );
+    chat_end(&mut client, "fu-2").await;
+    assert_eq!(
+        history(&mut client, "qm-follow").await,
+        pairs(&[
+            ("user", "SLOW first"),
+            ("assistant", "SLOW first"),
+            ("user", "second"),
+            ("assistant", "second")
+        ])
+    );
+
+    // collect: the messages waiting together are one turn.
+    send(&mut client, "qm-collect", "co-0", "SLOW busy", json!({})).await;
+    run_started(&mut client, "co-0").await;
+    for (id, text) in [("co-1", "one"), ("co-2", "two")] {
+        send(
+            &mut client,
+            "qm-collect",
+            id,
+            text,
+            json!({ "queueMode": "collect" }),
+        )
+        .await;
+    }
+    chat_end(&mut client, "co-2").await;
+    assert_eq!(
+        history(&mut client, "qm-collect").await,
+        pairs(&[
+            ("user", "SLOW busy"),
+            ("assistant", "SLOW busy"),
+            ("user", "one"),
+            ("user", "two"),
+            ("assistant", "one\n\ntwo"),
+        ])
+    );
+
+    // interrupt: supersedes the running turn.
+    send(&mut client, "qm-int", "in-1", "SLOW long", json!({})).await;
+    run_started(&mut client, "in-1").await;
+    send(
+        &mut client,
+        "qm-int",
+        "in-2",
+        "instead",
+        json!({ "queueMode": "interrupt" }),
+    )
+    .await;
+    assert_eq!(
+        chat_end(&mut client, "in-2").await["payload"]["state"],
+        "final"
+    );
+    let users: Vec<String> = history(&mut client, "qm-int")
+        .await
+        .into_iter()
+        .filter(|(role, _)| role == "user")
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(users, ["SLOW long", "instead"]);
+
+    let bad = send(
+        &mut client,
+        "qm-bad",
+        "bad-1",
+        "hi",
+        json!({ "queueMode": "eventually" }),
+    )
+    .await;
+    assert_eq!(
+        bad["error"]["message"],
+        "invalid chat.send params: /queueMode must be equal to one of the allowed values"
+    );
+    system.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slash_commands_are_interpreted_with_their_scopes() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut writer = Client::connect(&url, &["operator.write"]).await;
+    let mut admin = Client::connect(&url, ADMIN_SCOPES).await;
+
+    // /queue sets the session's mode.
+    let set = send(&mut writer, "cmd", "q-1", "/queue followup", json!({})).await;
+    assert_eq!(set["payload"]["queueMode"], "followup", "{set}");
+    let described = writer
+        .request("sessions.describe", json!({ "key": "cmd" }))
+        .await;
+    assert_eq!(
+        described["payload"]["session"]["queueMode"], "followup",
+        "{described}"
+    );
+
+    // /stop aborts the session's run.
+    send(&mut writer, "cmd", "s-1", "SLOW going on", json!({})).await;
+    run_started(&mut writer, "s-1").await;
+    let stopped = send(&mut writer, "cmd", "s-2", "/stop", json!({})).await;
+    assert_eq!(stopped["payload"]["aborted"], true, "{stopped}");
+    assert_eq!(
+        chat_end(&mut writer, "s-1").await["payload"]["state"],
+        "aborted"
+    );
+
+    // /reset needs admin; then the transcript starts afresh.
+    let refused = send(&mut writer, "cmd", "r-1", "/reset", json!({})).await;
+    assert_eq!(
+        refused["error"]["message"], "missing scope: operator.admin",
+        "{refused}"
+    );
+    admin.request("sessions.subscribe", json!({})).await;
+    let reset = send(&mut admin, "cmd", "r-2", "/reset", json!({})).await;
+    assert_eq!(reset["ok"], true, "{reset}");
+    let changed = admin
+        .event(|f| f["event"] == "sessions.changed" && f["payload"]["reason"] == "reset")
+        .await;
+    assert_eq!(changed["payload"]["sessionKey"], "agent:main:cmd");
+    let after: Vec<(String, String)> = history(&mut admin, "cmd")
+        .await
+        .into_iter()
+        .filter(|(role, _)| role != "system")
+        .collect();
+    assert!(after.is_empty(), "{after:?}");
+
+    // Not interpreted when the send says so: the model gets the text.
+    send(
+        &mut writer,
+        "cmd",
+        "t-1",
+        "/stop",
+        json!({ "suppressCommandInterpretation": true }),
+    )
+    .await;
+    let end = chat_end(&mut writer, "t-1").await;
+    assert_eq!(end["payload"]["state"], "final");
+    assert_eq!(end["payload"]["message"]["content"][0]["text"], "/stop");
+    system.stop.cancel();
+}
