@@ -40,6 +40,26 @@ pub(super) fn default_model_ref(catalog: &pb::DescribeRuntimeResponse) -> Option
     by_id.or(catalog.models.first()).map(model_ref)
 }
 
+/// The model a session without a choice of its own runs with, as
+/// `sessions.list` and the history pages give it in `defaults` (clients
+/// show it as the session's model): `modelProvider`, `model` and
+/// `contextTokens`, `null` when the runtime names no model or window.
+pub(super) async fn session_defaults(
+    edge: &Arc<Edge>,
+) -> Result<Value, (crate::frames::ErrorShape, Option<Value>)> {
+    let catalog = runtime_catalog(edge).await?;
+    let model = catalog
+        .models
+        .iter()
+        .find(|m| m.id == catalog.default_model)
+        .or(catalog.models.first());
+    Ok(json!({
+        "modelProvider": model.map(|m| &m.provider),
+        "model": model.map(|m| &m.id),
+        "contextTokens": model.map(|m| m.context_window).filter(|&w| w > 0),
+    }))
+}
+
 pub(super) const MODELS_LIST_KEYS: &[&str] = &[
     "agentId",
     "sessionKey",

@@ -238,7 +238,9 @@ async fn history_page(edge: &Arc<Edge>, request: PageRequest<'_>) -> Answer {
             return Ok(with_in_flight(
                 json!({
                     "kind": "delta", "messages": messages,
-                    "deltaCursor": message_id(&id, last), "sessionInfo": info.info,
+                    "deltaCursor": message_id(&id, last),
+                    "pendingInputs": { "items": [], "total": 0 },
+                    "sessionInfo": info.info,
                 }),
                 info.in_flight,
             ));
@@ -267,7 +269,16 @@ async fn history_page(edge: &Arc<Edge>, request: PageRequest<'_>) -> Answer {
     };
     let page = store.history(query).await.map_err(store_error)?;
     let id = page.session_id.map(|id| id.to_string());
-    let (messages, trimmed) = capped(messages_of(&page), request.max_bytes);
+    // The reset that started this transcript, shown before its first entry.
+    let reset = session
+        .as_ref()
+        .filter(|s| page.session_id == Some(s.session_id))
+        .and_then(super::sessions::reset_of);
+    let mut messages = messages_of(&page);
+    if let (Some((at, _)), Some(id), false) = (&reset, &id, page.has_more) {
+        messages.insert(0, reset_marker(id, *at));
+    }
+    let (messages, trimmed) = capped(messages, request.max_bytes);
     let has_more = page.has_more || trimmed;
     let next_offset = offset
         .filter(|_| has_more)
@@ -280,10 +291,11 @@ async fn history_page(edge: &Arc<Edge>, request: PageRequest<'_>) -> Answer {
     Ok(with_in_flight(
         frames::without_nulls(json!({
             "sessionKey": request.raw_key, "sessionId": id, "messages": messages,
-            "hasMore": has_more, "totalMessages": page.total,
+            "hasMore": has_more, "totalMessages": page.total + u64::from(reset.is_some()),
             "offset": offset.filter(|&o| o > 0), "nextOffset": next_offset,
             "deltaCursor": delta_cursor,
             "pendingInputs": { "items": [], "total": 0 },
+            "defaults": super::catalog::session_defaults(edge).await?,
             "sessionInfo": info.info,
             "thinkingLevel": info.thinking_level,
         })),
@@ -329,6 +341,20 @@ pub(crate) fn transcript_message(id: &str, e: &TranscriptEntry) -> Value {
             "idempotencyKey": idempotency_key,
         },
     }))
+}
+
+/// The marker a transcript that a reset started opens with (as the
+/// protocol shows a reset boundary): a `system` message "Reset" with
+/// `__openclaw.kind:"reset"`, at the time of the reset. It is no entry of
+/// the transcript: its id names no message to page from, and it has no
+/// `seq`.
+fn reset_marker(session_id: &str, at: i64) -> Value {
+    json!({
+        "role": "system",
+        "content": [{ "type": "text", "text": "Reset" }],
+        "timestamp": at,
+        "__openclaw": { "kind": "reset", "id": format!("{session_id}:reset") },
+    })
 }
 
 /// The newest messages whose JSON fits in `max_bytes` (all without a

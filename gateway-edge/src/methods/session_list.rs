@@ -166,12 +166,12 @@ pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
         }
         rows.push(row);
     }
-    // `defaults` members are nullable in the schema, so nulls stay here.
+    // `defaults` members are nullable in the schema, so nulls stay there.
     let mut answer = json!({
         "ts": now_ms(), "path": "session-store", "count": rows.len(),
         "totalCount": offset as usize + rows.len() + usize::from(has_more),
         "limitApplied": limit, "offset": offset, "hasMore": has_more,
-        "defaults": { "modelProvider": null, "model": null, "contextTokens": null },
+        "defaults": super::catalog::session_defaults(edge).await?,
         "sessions": rows,
     });
     if has_more {

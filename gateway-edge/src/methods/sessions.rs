@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
-use session_store_api::model::{ListQuery, Session};
+use session_store_api::model::{ListQuery, PatchSession, Session};
 use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 
@@ -56,6 +56,8 @@ pub(super) fn session_row(s: &Session, active: &[String]) -> Value {
     let settings = super::session_settings::settings_of(s);
     for (key, value) in &settings {
         match key.as_str() {
+            // This edge's own record, not a client's setting.
+            RESET_SETTING => {}
             "markedUnreadAt" => row["unread"] = json!(!value.is_null()),
             "model" => {
                 if let Some((provider, model)) = value.as_str().and_then(|m| m.split_once('/')) {
@@ -314,6 +316,65 @@ pub(super) fn notify_sessions_changed(
 
 pub(super) const SESSIONS_RESET_KEYS: &[&str] = &["key", "agentId", "reason", "expectedSessionId"];
 
+/// The session setting in which a reset records what it did (kept with
+/// the other settings in the store, never shown as one):
+/// `{sessionId, previousSessionId, at, reason}`, `sessionId` being the
+/// transcript the reset started. A reset gives the session a new
+/// transcript (a new `sessionId`); this record is how a history read knows
+/// that the transcript it pages replaced another, and shows the reset
+/// marker at its start (`history.rs`). A later reset overwrites it.
+pub(super) const RESET_SETTING: &str = "lastReset";
+
+/// The reset recorded for `session`'s current transcript, if its
+/// transcript is one a reset started: `(at, reason)`.
+pub(super) fn reset_of(session: &Session) -> Option<(i64, String)> {
+    let settings = super::session_settings::settings_of(session);
+    let reset = settings.get(RESET_SETTING)?;
+    (reset["sessionId"].as_str() == Some(session.session_id.to_string().as_str())).then(|| {
+        (
+            reset["at"].as_i64().unwrap_or(session.created_at_ms),
+            reset["reason"].as_str().unwrap_or("reset").to_owned(),
+        )
+    })
+}
+
+/// Resets `key`: a new transcript, the settings kept, and when it replaced
+/// one, the reset recorded (`RESET_SETTING`). The record is a second
+/// write: should it fail, the reset stands and only its marker is missing.
+pub(super) async fn reset_session(
+    edge: &Arc<Edge>,
+    key: &SessionKey,
+    reason: &str,
+) -> Result<Session, (ErrorShape, Option<Value>)> {
+    let store = &edge.backends.store;
+    let out = store.reset_session(key).await.map_err(store_error)?;
+    let Some(previous) = out.previous_session_id else {
+        return Ok(out.session);
+    };
+    let record = json!({ RESET_SETTING: {
+        "sessionId": out.session.session_id.to_string(),
+        "previousSessionId": previous.to_string(),
+        "at": out.session.created_at_ms,
+        "reason": reason,
+    }});
+    let patched = store
+        .patch_session(PatchSession {
+            key: key.clone(),
+            patch_json: record.to_string(),
+            create: false,
+        })
+        .await;
+    match patched {
+        // Unless the session changed again in between.
+        Ok(patched) if patched.session.session_id == out.session.session_id => Ok(patched.session),
+        Ok(_) => Ok(out.session),
+        Err(err) => {
+            tracing::warn!(session = key.as_str(), error = %err, "the reset marker was not recorded");
+            Ok(out.session)
+        }
+    }
+}
+
 pub(super) async fn sessions_reset(call: &Call<'_>) -> Answer {
     let (edge, params) = (call.edge, call.params());
     let p = Params::new("sessions.reset", params, SESSIONS_RESET_KEYS).map_err(fail)?;
@@ -330,20 +391,15 @@ pub(super) async fn sessions_reset(call: &Call<'_>) -> Answer {
         p.optional_non_empty("expectedSessionId").map_err(fail)?,
     )
     .await?;
-    let out = edge
-        .backends
-        .store
-        .reset_session(&key)
-        .await
-        .map_err(store_error)?;
-    let session_id = out.session.session_id.to_string();
+    let session = reset_session(edge, &key, &reason).await?;
+    let session_id = session.session_id.to_string();
     // The answer leaves before the event, as the protocol orders them: a
     // client that reloads on `sessions.changed` then already knows of the reset.
     let (notifier, notified) = (edge.clone(), key.as_str().to_owned());
     call.after_reply(move || {
         notify_sessions_changed(&notifier, &notified, Some(&session_id), &reason)
     });
-    Ok(json!({ "ok": true, "key": key.as_str(), "entry": session_row(&out.session, &[]) }))
+    Ok(json!({ "ok": true, "key": key.as_str(), "entry": session_row(&session, &[]) }))
 }
 
 /// `expectedSessionId`: refuse if the session was reset or replaced since.
