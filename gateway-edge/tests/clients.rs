@@ -353,3 +353,35 @@ async fn slash_commands_are_interpreted_with_their_scopes() {
     assert_eq!(end["payload"]["message"]["content"][0]["text"], "/stop");
     system.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_agent_for_a_running_key_answers_in_flight_once() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.write"]).await;
+    let params = json!({ "message": "SLOW work", "idempotencyKey": "dup-1", "sessionKey": "dup" });
+    client
+        .send(&json!({"type":"req","id":"first","method":"agent","params":params}))
+        .await;
+    assert_eq!(
+        client.response("first").await["payload"]["status"],
+        "accepted"
+    );
+    client
+        .send(&json!({"type":"req","id":"again","method":"agent","params":params}))
+        .await;
+    let again = client.response("again").await;
+    assert_eq!(again["payload"]["status"], "in_flight", "{again}");
+    assert_eq!(again["payload"]["runId"], "dup-1");
+    // The original request gets the final; the duplicate nothing more.
+    let last = client.response("first").await;
+    assert_eq!(last["payload"]["status"], "ok", "{last}");
+    chat_end(&mut client, "dup-1").await;
+    let answers = client
+        .received
+        .iter()
+        .filter(|f| f["type"] == "res" && f["id"] == "again")
+        .count();
+    assert_eq!(answers, 1);
+    system.stop.cancel();
+}

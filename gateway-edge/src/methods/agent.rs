@@ -153,6 +153,14 @@ pub(super) async fn agent(
         return agent_final(&snapshot);
     }
     edge.await_run(key);
+    // The key's run is still being admitted or running: one answer, as the
+    // protocol gives a duplicate, and no final on this request (the
+    // original request gets it).
+    if done.admission == pb::Admission::InFlight as i32 {
+        return Ok(json!({
+            "runId": key, "status": "in_flight", "sessionKey": session.as_str(), "agentId": "main",
+        }));
+    }
     // First response: accepted. The final one follows on the same id.
     if done.admission == pb::Admission::Accepted as i32 {
         edge.metrics.acked("agent", received);
