@@ -110,11 +110,6 @@ pub struct EdgeConfig {
         default_value = "steer"
     )]
     pub default_queue_mode: QueueMode,
-    /// Most attachment bytes (decoded, all attachments of one message
-    /// together) a `chat.send` or `agent` may carry (advertised as
-    /// policy.attachments).
-    #[arg(long, env = "EDGE_ATTACHMENT_MAX_BYTES", default_value_t = limits::EDGE_ATTACHMENT_MAX_BYTES)]
-    pub attachment_max_bytes: usize,
     /// Per-connection send buffer, bytes (advertised as policy.maxBufferedBytes).
     #[arg(long, env = "EDGE_MAX_BUFFERED_BYTES", default_value_t = limits::EDGE_MAX_BUFFERED_BYTES)]
     pub max_buffered_bytes: usize,

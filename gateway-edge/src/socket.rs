@@ -267,11 +267,7 @@ fn accept_connect(
         "policy": {
             "maxPayload": edge.config.max_payload,
             "maxBufferedBytes": edge.config.max_buffered_bytes,
-            "tickIntervalMs": edge.config.tick_interval.as_millis() as u64,
-            "attachments": {
-                "maxBytes": edge.config.attachment_max_bytes,
-                "maxImageBytes": edge.config.attachment_max_bytes,
-            },
+            "tickIntervalMs": edge.config.tick_interval.as_millis() as u64
         },
     });
     Ok((conn, reader, hello))

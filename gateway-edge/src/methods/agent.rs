@@ -108,6 +108,7 @@ pub(super) async fn agent(
     received: Instant,
 ) -> Answer {
     let p = Params::new("agent", &request.params, AGENT_KEYS).map_err(fail)?;
+    super::refuse_attachments(&request.params)?;
     let message = p.required_non_empty("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
     trace::record_run(key);

@@ -70,6 +70,7 @@ pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
         _ => params,
     };
     let p = Params::new("chat.send", params, CHAT_SEND_KEYS).map_err(fail)?;
+    super::refuse_attachments(params)?;
     let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
     let message = p.required_string("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;

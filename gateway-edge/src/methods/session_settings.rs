@@ -390,6 +390,8 @@ const CREATE_UNSUPPORTED: &[&str] = &[
     "execNode",
     "cwd",
     "spawnDepth",
+    // Until attachments reach the runtime (see `refuse_attachments`).
+    "attachments",
 ];
 
 pub(super) const SESSIONS_CREATE_KEYS: &[&str] = &[

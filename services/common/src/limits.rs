@@ -21,11 +21,6 @@ const MIB: usize = 1024 * KIB;
 /// advertised as `hello-ok.policy.maxPayload`), as the OpenClaw gateway.
 pub const EDGE_MAX_PAYLOAD: usize = 25 * MIB;
 
-/// The most attachment bytes (decoded) one `chat.send` or `agent` may
-/// carry, all attachments together (`EDGE_ATTACHMENT_MAX_BYTES`, advertised
-/// as `hello-ok.policy.attachments`). Base64 in the frame is 4/3 of it.
-pub const EDGE_ATTACHMENT_MAX_BYTES: usize = 5 * MIB;
-
 /// The largest frame before the handshake (`EDGE_PREAUTH_MAX_BYTES`).
 pub const EDGE_PREAUTH_MAX_BYTES: usize = 64 * KIB;
 
