@@ -949,3 +949,52 @@ async fn invalid_options_fail_at_once() {
     assert!(!error.retryable);
     assert_eq!(runtime.name(), "openai");
 }
+
+#[tokio::test]
+async fn a_steered_message_is_answered_by_one_more_completion() {
+    let server = serve(|index, _| {
+        if index == 0 {
+            a_reply(&["first ", "answer"])
+        } else {
+            a_reply(&["second"])
+        }
+    })
+    .await;
+    let request = request("question", Vec::new(), json!({}));
+    // Waiting when the first completion finishes: taken there.
+    assert!(request.inputs.push(SteerInput {
+        id: "steer-1".into(),
+        message: "and also this".into(),
+    }));
+    let events = run(config(&server.base_url), request).await;
+    let taken = events
+        .iter()
+        .position(|e| matches!(e, Ok(RuntimeEvent::InputTaken { id }) if id == "steer-1"))
+        .expect("the input is taken");
+    assert_eq!(deltas(&events[..taken]), "first answer");
+    assert_eq!(deltas(&events[taken..]), "second");
+    let finishes: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, Ok(RuntimeEvent::Finished { .. })))
+        .collect();
+    assert_eq!(finishes, [&finished("stop")], "one turn, one end");
+    // The second completion sees the first answer and the steered message.
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    let messages = seen[1].body["messages"].as_array().unwrap();
+    let tail: Vec<(&str, &str)> = messages
+        .iter()
+        .rev()
+        .take(3)
+        .rev()
+        .map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            ("user", "question"),
+            ("assistant", "first answer"),
+            ("user", "and also this")
+        ]
+    );
+}

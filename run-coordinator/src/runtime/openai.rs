@@ -115,8 +115,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AgentRuntime, ErrorKind, HistoryMessage, ModelCatalog, ModelInfo, RuntimeError, RuntimeEvent,
-    RuntimeRequest, RuntimeStream, Usage,
+    AgentRuntime, ErrorKind, HistoryMessage, Inputs, ModelCatalog, ModelInfo, RuntimeError,
+    RuntimeEvent, RuntimeRequest, RuntimeStream, SteerInput, Usage,
 };
 
 /// Events buffered between the HTTP task and the reader of the stream.
@@ -345,6 +345,8 @@ impl AgentRuntime for OpenAiRuntime {
             run_id: request.run_id,
             tx,
             stop: stop.clone(),
+            inputs: request.inputs,
+            steer: Default::default(),
         };
         tokio::spawn(driver.run(models));
         Ok(event_stream(rx, stop))
@@ -989,23 +991,67 @@ struct Driver {
     run_id: String,
     tx: mpsc::Sender<Result<RuntimeEvent, RuntimeError>>,
     stop: CancellationToken,
+    /// Messages steered into the run.
+    inputs: Inputs,
+    /// The turn's text so far, and a steered message taken at its end.
+    steer: std::sync::Mutex<Steer>,
+}
+
+#[derive(Default)]
+struct Steer {
+    text: String,
+    taken: Option<SteerInput>,
+}
+
+/// How the model chain ended.
+enum ChainEnd {
+    /// Finished, failed or stopped: nothing more to do.
+    Over,
+    /// A completion ended where a steered message was waiting: it is taken,
+    /// and the next completion answers it.
+    Steered(SteerInput),
 }
 
 impl Driver {
-    async fn run(self, models: Vec<String>) {
+    /// Completions until the turn ends: one, and one more for each message
+    /// steered in, taken when a completion finishes with `stop` (the model
+    /// boundary; a turn that ends in tool calls hands them to the caller).
+    async fn run(mut self, models: Vec<String>) {
+        while let ChainEnd::Steered(input) = self.run_chain(&models).await {
+            if !self
+                .send(Ok(RuntimeEvent::InputTaken { id: input.id }))
+                .await
+            {
+                return;
+            }
+            let answer = std::mem::take(&mut self.steer.lock().unwrap().text);
+            if let Some(Value::Array(messages)) = self.body.get_mut("messages") {
+                messages.push(json!({ "role": "assistant", "content": answer }));
+                messages.push(json!({ "role": "user", "content": input.message }));
+            }
+        }
+    }
+
+    async fn run_chain(&self, models: &[String]) -> ChainEnd {
         let mut last_error = None;
         let mut attempts = 0u32;
-        for model in &models {
+        for model in models {
             let mut retry = 0u32;
             loop {
                 attempts += 1;
                 let failure = match self.attempt(model).await {
-                    Outcome::Done | Outcome::Stopped => return,
+                    Outcome::Done => {
+                        return match self.steer.lock().unwrap().taken.take() {
+                            Some(input) => ChainEnd::Steered(input),
+                            None => ChainEnd::Over,
+                        };
+                    }
+                    Outcome::Stopped => return ChainEnd::Over,
                     Outcome::Failed(failure) => failure,
                 };
                 if failure.emitted || !failure.error.retryable {
                     self.send(Err(failure.error)).await;
-                    return;
+                    return ChainEnd::Over;
                 }
                 if retry >= self.config.max_retries {
                     tracing::warn!(
@@ -1029,7 +1075,7 @@ impl Driver {
                 retry += 1;
                 tokio::select! {
                     biased;
-                    () = self.stop.cancelled() => return,
+                    () = self.stop.cancelled() => return ChainEnd::Over,
                     () = tokio::time::sleep(delay) => {}
                 }
             }
@@ -1043,6 +1089,7 @@ impl Driver {
             );
             self.send(Err(error)).await;
         }
+        ChainEnd::Over
     }
 
     /// Sends one item; false when the caller is gone or cancelled.
@@ -1223,6 +1270,20 @@ impl Driver {
     /// Sends `events` in order; false when stopped.
     async fn deliver(&self, events: &mut Vec<RuntimeEvent>, emitted: &mut bool) -> bool {
         for event in events.drain(..) {
+            match &event {
+                // The model boundary: a steered message waiting there is
+                // answered by one more completion instead of the turn ending.
+                RuntimeEvent::Finished { stop_reason } if stop_reason == "stop" => {
+                    if let Some(input) = self.inputs.try_take() {
+                        self.steer.lock().unwrap().taken = Some(input);
+                        continue;
+                    }
+                }
+                RuntimeEvent::AssistantDelta(text) => {
+                    self.steer.lock().unwrap().text.push_str(text);
+                }
+                _ => {}
+            }
             if !self.send(Ok(event)).await {
                 return false;
             }
