@@ -18,27 +18,7 @@ fn with_options(mut req: pb::SubmitRequest, options: serde_json::Value) -> pb::S
 
 /// Waits until the run has streamed some assistant text.
 async fn until_text(cluster: &Cluster, run_id: &str) -> pb::RunSnapshot {
-    let mut client = cluster.client.clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let snapshot = client
-            .get(pb::GetRequest {
-                run_id: run_id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
-        if !snapshot.text.is_empty() {
-            return snapshot;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{run_id} never streamed"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_snapshot(cluster, run_id, "never streamed", |s| !s.text.is_empty()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

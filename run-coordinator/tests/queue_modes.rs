@@ -57,29 +57,18 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Waits until `run_id` is executing.
-async fn until_running(cluster: &mut Cluster, run_id: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = cluster
-            .client
-            .get(pb::GetRequest {
-                run_id: run_id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
-        if status(&got) == RunStatus::Running {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{run_id} never ran: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// Submits `message` as a followup and waits until it executes: the
+/// session is busy from then on.
+async fn busy(cluster: &mut Cluster, run_id: &str, message: &str) {
+    submit(
+        &mut cluster.client,
+        send(run_id, message, pb::QueueMode::Enqueue),
+    )
+    .await;
+    until_snapshot(cluster, run_id, "never ran", |s| {
+        status(s) == RunStatus::Running
+    })
+    .await;
 }
 
 /// Echo slow enough that a second message arrives while the first streams.
@@ -91,12 +80,7 @@ fn slow_echo() -> Arc<Recording> {
 async fn followup_is_a_turn_of_its_own_after_the_active_one() {
     let runtime = slow_echo();
     let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
-    submit(
-        &mut cluster.client,
-        send("f-1", "first message", pb::QueueMode::Enqueue),
-    )
-    .await;
-    until_running(&mut cluster, "f-1").await;
+    busy(&mut cluster, "f-1", "first message").await;
     submit(
         &mut cluster.client,
         send("f-2", "second", pb::QueueMode::Enqueue),
@@ -126,12 +110,7 @@ async fn followup_is_a_turn_of_its_own_after_the_active_one() {
 async fn steer_goes_into_the_active_run_at_its_next_boundary() {
     let runtime = slow_echo();
     let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
-    submit(
-        &mut cluster.client,
-        send("s-1", "tell me a story", pb::QueueMode::Enqueue),
-    )
-    .await;
-    until_running(&mut cluster, "s-1").await;
+    busy(&mut cluster, "s-1", "tell me a story").await;
     let steered = submit(
         &mut cluster.client,
         send("s-2", "make it short", pb::QueueMode::Steer),
@@ -217,12 +196,7 @@ async fn a_steer_the_runtime_never_takes_is_the_next_turn() {
     let runtime = slow_echo();
     let deaf = Arc::new(Deaf(runtime.clone()));
     let mut cluster = Cluster::start(deaf, CoordinatorConfig::default()).await;
-    submit(
-        &mut cluster.client,
-        send("d-1", "first message", pb::QueueMode::Enqueue),
-    )
-    .await;
-    until_running(&mut cluster, "d-1").await;
+    busy(&mut cluster, "d-1", "first message").await;
     submit(
         &mut cluster.client,
         send("d-2", "steered", pb::QueueMode::Steer),
@@ -259,12 +233,7 @@ async fn a_steer_the_runtime_never_takes_is_the_next_turn() {
 async fn collect_folds_the_waiting_messages_into_one_turn() {
     let runtime = slow_echo();
     let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
-    submit(
-        &mut cluster.client,
-        send("c-0", "busy now", pb::QueueMode::Enqueue),
-    )
-    .await;
-    until_running(&mut cluster, "c-0").await;
+    busy(&mut cluster, "c-0", "busy now").await;
     for (id, text) in [("c-1", "one"), ("c-2", "two"), ("c-3", "three")] {
         submit(&mut cluster.client, send(id, text, pb::QueueMode::Collect)).await;
     }

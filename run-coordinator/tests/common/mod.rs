@@ -299,6 +299,34 @@ pub fn status(snapshot: &pb::RunSnapshot) -> session_store::model::RunStatus {
         .expect("a status")
 }
 
+/// Polls the run's snapshot until `check` holds (or the deadline passes,
+/// naming `what`); the snapshot that held.
+pub async fn until_snapshot(
+    cluster: &Cluster,
+    run_id: &str,
+    what: &str,
+    check: impl Fn(&pb::RunSnapshot) -> bool,
+) -> pb::RunSnapshot {
+    let mut client = cluster.client.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshot = client
+            .get(pb::GetRequest {
+                run_id: run_id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if check(&snapshot) {
+            return snapshot;
+        }
+        assert!(Instant::now() < deadline, "{run_id}: {what}: {snapshot:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Polls `check` until it holds or the deadline passes.
 pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
