@@ -13,7 +13,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use clawgate_proto::run_coordinator::v1 as pb;
