@@ -136,6 +136,11 @@ pub(super) const SLASH_COMMANDS: &[SlashCommand] = &[
         description: "Reset the session (the transcript starts afresh)",
         accepts_args: true,
     },
+    SlashCommand {
+        name: "queue",
+        description: "Set how the session queues messages sent while it runs (steer, followup, collect, interrupt, default)",
+        accepts_args: true,
+    },
 ];
 
 pub(super) const COMMANDS_LIST_KEYS: &[&str] =
