@@ -100,11 +100,12 @@ pub(super) async fn run(
         }
         Command::Reset { reason, then } => {
             let reset = super::sessions::reset_session(edge, session, reason).await?;
-            let (notifier, key) = (edge.clone(), session.as_str().to_owned());
-            let id = reset.session_id.to_string();
-            call.after_reply(move || {
-                super::sessions::notify_sessions_changed(&notifier, &key, Some(&id), reason)
-            });
+            super::sessions::changed_after_reply(
+                call,
+                session,
+                Some(reset.session_id.to_string()),
+                reason,
+            );
             if then.is_empty() {
                 return Ok(json!({ "runId": run_id, "status": "ok" }));
             }

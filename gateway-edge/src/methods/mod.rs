@@ -153,9 +153,9 @@ method_table! {
     "sessions.describe", R, sessions::SESSIONS_DESCRIBE_KEYS => |call| sessions::sessions_describe(call.edge, call.params());
     "sessions.resolve" (hidden), R, sessions::SESSIONS_RESOLVE_KEYS => |call| sessions::sessions_resolve(call.edge, call.params());
     "sessions.create", W, session_settings::SESSIONS_CREATE_KEYS => |call| session_settings::sessions_create(call);
-    "sessions.patch", W, session_settings::SESSIONS_PATCH_KEYS => |call| session_settings::sessions_patch(call.edge, call.params());
+    "sessions.patch", W, session_settings::SESSIONS_PATCH_KEYS => |call| session_settings::sessions_patch(call);
     "sessions.reset", A, sessions::SESSIONS_RESET_KEYS => |call| sessions::sessions_reset(call);
-    "sessions.delete", Scope::ByParams(sessions::delete_scope), sessions::SESSIONS_DELETE_KEYS => |call| sessions::sessions_delete(call.edge, call.params());
+    "sessions.delete", Scope::ByParams(sessions::delete_scope), sessions::SESSIONS_DELETE_KEYS => |call| sessions::sessions_delete(call);
     "sessions.subscribe", R, &[] => |call| sessions::subscribe(call.conn, true);
     "sessions.messages.subscribe", R, sessions::MESSAGES_SUBSCRIBE_KEYS => |call| sessions::messages_subscribe(call, true);
     "sessions.messages.unsubscribe", R, sessions::MESSAGES_UNSUBSCRIBE_KEYS => |call| sessions::messages_subscribe(call, false);

@@ -321,7 +321,8 @@ fn check_expectations(
     Ok(())
 }
 
-pub(super) async fn sessions_patch(edge: &Arc<Edge>, params: &Value) -> Answer {
+pub(super) async fn sessions_patch(call: &super::Call<'_>) -> Answer {
+    let (edge, params) = (call.edge, call.params());
     let p = Params::new("sessions.patch", params, SESSIONS_PATCH_KEYS).map_err(fail)?;
     let key = key_for("sessions.patch", p.required_non_empty("key").map_err(fail)?)?;
     super::sessions::check_agent(&p)?;
@@ -337,10 +338,10 @@ pub(super) async fn sessions_patch(edge: &Arc<Edge>, params: &Value) -> Answer {
         })
         .await
         .map_err(store_error)?;
-    super::sessions::notify_sessions_changed(
-        edge,
-        key.as_str(),
-        Some(&out.session.session_id.to_string()),
+    super::sessions::changed_after_reply(
+        call,
+        &key,
+        Some(out.session.session_id.to_string()),
         "patch",
     );
     Ok(json!({
@@ -489,12 +490,7 @@ pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
         .map_err(store_error)?;
     let session_id = out.session.session_id.to_string();
     if out.created {
-        // After the answer, as the protocol orders them (a client that
-        // reloads on the event already knows the session by then).
-        let (notifier, created, id) = (edge.clone(), key.as_str().to_owned(), session_id.clone());
-        call.after_reply(move || {
-            super::sessions::notify_sessions_changed(&notifier, &created, Some(&id), "create")
-        });
+        super::sessions::changed_after_reply(call, &key, Some(session_id.clone()), "create");
     }
     let mut answer = json!({
         "ok": true, "key": key.as_str(), "sessionId": session_id,

@@ -298,6 +298,19 @@ pub(super) async fn resolve_short_id(
 }
 
 /// Tells `sessions.changed` subscribers that `key` changed.
+/// `sessions.changed` for `key`, sent once this call's answer is queued:
+/// the protocol orders the answer first, so a client that reloads on the
+/// event already knows what changed.
+pub(super) fn changed_after_reply(
+    call: &Call<'_>,
+    key: &SessionKey,
+    session_id: Option<String>,
+    reason: impl Into<String>,
+) {
+    let (edge, key, reason) = (call.edge.clone(), key.as_str().to_owned(), reason.into());
+    call.after_reply(move || notify_sessions_changed(&edge, &key, session_id.as_deref(), &reason));
+}
+
 pub(super) fn notify_sessions_changed(
     edge: &Arc<Edge>,
     key: &str,
@@ -392,13 +405,7 @@ pub(super) async fn sessions_reset(call: &Call<'_>) -> Answer {
     )
     .await?;
     let session = reset_session(edge, &key, &reason).await?;
-    let session_id = session.session_id.to_string();
-    // The answer leaves before the event, as the protocol orders them: a
-    // client that reloads on `sessions.changed` then already knows of the reset.
-    let (notifier, notified) = (edge.clone(), key.as_str().to_owned());
-    call.after_reply(move || {
-        notify_sessions_changed(&notifier, &notified, Some(&session_id), &reason)
-    });
+    changed_after_reply(call, &key, Some(session.session_id.to_string()), reason);
     Ok(json!({ "ok": true, "key": key.as_str(), "entry": session_row(&session, &[]) }))
 }
 
@@ -447,7 +454,8 @@ pub(super) fn delete_scope(params: &Value) -> &'static str {
     }
 }
 
-pub(super) async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer {
+pub(super) async fn sessions_delete(call: &Call<'_>) -> Answer {
+    let (edge, params) = (call.edge, call.params());
     let p = Params::new("sessions.delete", params, SESSIONS_DELETE_KEYS).map_err(fail)?;
     let key = key_for(
         "sessions.delete",
@@ -512,7 +520,7 @@ pub(super) async fn sessions_delete(edge: &Arc<Edge>, params: &Value) -> Answer 
         .await
         .map_err(store_error)?;
     if out.deleted {
-        notify_sessions_changed(edge, key.as_str(), None, "delete");
+        changed_after_reply(call, &key, None, "delete");
     }
     Ok(json!({ "ok": true, "key": key.as_str(), "deleted": out.deleted, "archived": [] }))
 }
