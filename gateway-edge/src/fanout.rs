@@ -202,7 +202,12 @@ impl RunMemory {
                         "runId": run_id, "sessionKey": session_key, "agentId": "main", "seq": event.seq,
                         "state": "error", "message": message,
                         "errorMessage": error.map_or_else(|| format!("run {status}"), |e| e.message.clone()),
-                        "errorKind": error.map_or("unknown", |e| e.kind.as_str()),
+                        "errorKind": error.map_or("unknown", |e| chat_error_kind(&e.kind)),
+                        // A kind outside the protocol's (a coordinator's
+                        // `lost`, `shutdown`, `store`, …) is kept here.
+                        "errorDetail": error
+                            .filter(|e| chat_error_kind(&e.kind) != e.kind)
+                            .map(|e| json!({ "providerRuntimeFailureKind": e.kind })),
                     }),
                 };
                 out.push(plain("chat", without_nulls(chat)));
@@ -434,6 +439,15 @@ async fn settle(
     }
 }
 
+/// The protocol's `errorKind` for a run error's kind: its own when the
+/// protocol has it, else `unknown`.
+fn chat_error_kind(kind: &str) -> &str {
+    match kind {
+        "refusal" | "timeout" | "rate_limit" | "context_length" => kind,
+        _ => "unknown",
+    }
+}
+
 fn is_terminal(event: &pb::RunEvent) -> bool {
     matches!(&event.body, Some(pb::run_event::Body::Lifecycle(life))
         if life.phase != pb::lifecycle::Phase::Start as i32)
@@ -446,4 +460,19 @@ fn deliver_settled(conn: &Conn, run_id: &str, outgoing: &[Outgoing]) {
         return;
     }
     deliver_unfiltered(conn, outgoing);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_errors_use_the_protocols_kinds() {
+        for kind in ["refusal", "timeout", "rate_limit", "context_length"] {
+            assert_eq!(chat_error_kind(kind), kind);
+        }
+        for kind in ["lost", "shutdown", "store", "session_busy", ""] {
+            assert_eq!(chat_error_kind(kind), "unknown");
+        }
+    }
 }

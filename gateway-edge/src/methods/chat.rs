@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
+use session_store_api::SessionStore;
 
 use super::{Answer, backend_error, fail, key_for};
 use crate::config::QueueMode;
@@ -147,6 +148,20 @@ pub(super) async fn start_turn(
     let queue_mode = turn
         .queue_mode
         .unwrap_or(queue_mode_to_pb(settings.queue_mode));
+    // A new session is in the store before its first send is answered, as
+    // the protocol's clients expect (`sessions.describe` right after the
+    // ack); the run's writer fence would create it only when it starts.
+    if !settings.exists {
+        edge.backends
+            .store
+            .patch_session(session_store_api::model::PatchSession {
+                key: turn.session.clone(),
+                patch_json: "{}".into(),
+                create: true,
+            })
+            .await
+            .map_err(super::store_error)?;
+    }
     let submit = pb::SubmitRequest {
         run_id: key.to_owned(),
         session_key: turn.session.as_str().to_owned(),

@@ -57,10 +57,6 @@ const MAX_LIST_LIMIT: u64 = 1000;
 /// The deepest `offset` a list may page to.
 const MAX_LIST_OFFSET: u64 = 100_000;
 
-/// Sessions a list filtered by archive or pin state reads (newest first;
-/// the store lists at most 1000 at once).
-const SETTINGS_SCAN: u32 = 1000;
-
 /// Filters that select properties no session here has (projects, pins,
 /// boards, owners, people, subagents): asking for them matches nothing.
 const SELECTS_ABSENT: &[&str] = &[
@@ -109,8 +105,10 @@ pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
             .map_err(fail)?
             .is_some_and(|g| !g.is_empty())
         || !agent_ok;
-    // Archive and pin state are settings: filtered here, over a wider read.
-    let by_settings = archived.is_some() || pinned.is_some();
+    // Archive and pin state are settings, filtered here: a page is the
+    // store's rows `offset..offset+limit` (newest first) less those the
+    // filters leave out, so it may hold fewer than `limit`, and `offset`
+    // counts the store's rows.
     let search = p
         .string("search")
         .map_err(fail)?
@@ -124,21 +122,19 @@ pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
         edge.backends
             .store
             .list_sessions(ListQuery {
-                // One more than the page, to tell whether another follows.
-                limit: if by_settings {
-                    SETTINGS_SCAN
-                } else {
-                    (offset + limit + 1) as u32
-                },
+                limit: u32::try_from(offset + limit).unwrap_or(u32::MAX),
                 updated_since_ms: active_minutes.map(|m| now_ms() - m as i64 * 60_000),
                 search: search.map(str::to_owned),
             })
             .await
             .map_err(store_error)?
     };
+    // A full read may be followed by more.
+    let has_more = sessions.len() as u64 == offset + limit;
     let active = active_runs(edge).await?;
-    let matching: Vec<&Session> = sessions
+    let page: Vec<&Session> = sessions
         .iter()
+        .skip(offset as usize)
         .filter(|s| !active_only || active.iter().any(|(k, _)| k == s.key.as_str()))
         .filter(|s| {
             let settings = super::session_settings::settings_of(s);
@@ -146,12 +142,6 @@ pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
             archived.is_none_or(|want| flag("archived") == want)
                 && pinned.is_none_or(|want| flag("pinned") == want)
         })
-        .collect();
-    let has_more = matching.len() as u64 > offset + limit;
-    let page: Vec<&Session> = matching
-        .into_iter()
-        .skip(offset as usize)
-        .take(limit as usize)
         .collect();
     let mut rows = Vec::with_capacity(page.len());
     for s in page {

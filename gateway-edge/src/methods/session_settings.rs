@@ -158,6 +158,8 @@ pub(super) struct TurnSettings {
     pub options_json: String,
     /// The queue mode of a send that names none.
     pub queue_mode: QueueMode,
+    /// The session has a row in the store.
+    pub exists: bool,
 }
 
 pub(super) async fn turn_settings(
@@ -185,6 +187,7 @@ pub(super) async fn turn_settings(
     Ok(TurnSettings {
         options_json,
         queue_mode: queue_mode_of(edge, session.as_ref()),
+        exists: session.is_some(),
     })
 }
 
