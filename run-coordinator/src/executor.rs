@@ -27,16 +27,16 @@ use crate::runtime::{HistoryMessage, RuntimeEvent, RuntimeRequest, Usage};
 use crate::trace;
 
 /// What the executor holds once it has the fence.
-struct Held {
+pub(crate) struct Held {
     session_id: uuid::Uuid,
     fence: u64,
 }
 
 /// The assistant turn as it builds up.
 #[derive(Default)]
-struct Turn {
+pub(crate) struct Turn {
     /// The run's text so far (what its events and snapshot carry).
-    text: String,
+    pub(crate) text: String,
     /// Where the transcript entry being built starts in `text`: a steered
     /// message splits the turn into an entry before it and one after.
     segment_start: usize,
@@ -47,7 +47,7 @@ struct Turn {
 }
 
 impl Turn {
-    fn content_json(&self) -> String {
+    pub(crate) fn content_json(&self) -> String {
         let mut parts = self.parts.clone();
         let text = &self.text[self.segment_start..];
         if !text.is_empty() {
@@ -57,7 +57,7 @@ impl Turn {
     }
 
     /// Closes the entry being built (a steered message follows it).
-    fn next_segment(&mut self) {
+    pub(crate) fn next_segment(&mut self) {
         if self.text.len() > self.segment_start {
             // Answers before and after a steer read apart in the live text.
             self.text.push_str("\n\n");
@@ -106,7 +106,7 @@ fn current_writer(err: &StoreError) -> Option<String> {
         .and_then(|s| s.active_writer_run_id.clone())
 }
 
-fn text_entry(role: &str, content_json: String, metadata: EntryMetadata) -> NewEntry {
+pub(crate) fn text_entry(role: &str, content_json: String, metadata: EntryMetadata) -> NewEntry {
     NewEntry {
         role: role.into(),
         content_json,
@@ -208,7 +208,7 @@ impl Inner {
         Some(held)
     }
 
-    async fn mark_running(&self, run: &Run) -> Result<(), StoreError> {
+    pub(crate) async fn mark_running(&self, run: &Run) -> Result<(), StoreError> {
         let version = {
             let mut state = run.state();
             state.status = RunStatus::Running;
@@ -294,7 +294,12 @@ impl Inner {
     }
 
     /// Appends one entry with the fence; a stale fence means superseded.
-    async fn append(&self, run: &Run, held: &Held, entry: NewEntry) -> Result<u64, Decision> {
+    pub(crate) async fn append(
+        &self,
+        run: &Run,
+        held: &Held,
+        entry: NewEntry,
+    ) -> Result<u64, Decision> {
         self.store
             .append(AppendEntries {
                 key: run.key.clone(),
@@ -536,69 +541,6 @@ impl Inner {
                 delta,
             },
         );
-    }
-
-    /// Writes a companion's message into the carrier's turn: the companion
-    /// is running from now on (durably, so a restart reports it lost rather
-    /// than running it again), and its message is the next user entry.
-    async fn carry(&self, run: &Run, held: &Held, companion: &Arc<Run>) -> Result<(), Decision> {
-        if let Err(err) = self.mark_running(companion).await {
-            return Err(Decision::failed("store", err.to_string()));
-        }
-        self.emit(
-            companion,
-            EventBody::Lifecycle {
-                phase: LifecyclePhase::Start,
-                status: None,
-                stop_reason: None,
-                error: None,
-            },
-        );
-        let user = text_entry(
-            "user",
-            serde_json::json!([{ "type": "text", "text": companion.spec.message }]).to_string(),
-            EntryMetadata::default(),
-        );
-        self.append(run, held, user).await.map(|_| ())
-    }
-
-    /// The runtime took the steered message `id`: the answer so far is
-    /// one entry, the message the next, and what follows answers it.
-    async fn steered(
-        &self,
-        run: &Run,
-        held: &Held,
-        turn: &mut Turn,
-        id: &str,
-    ) -> Result<(), Decision> {
-        let companion = {
-            let mut state = run.state();
-            let found = state.companions.iter_mut().find(|c| c.run.id == id);
-            found.map(|c| {
-                c.taken = true;
-                c.run.clone()
-            })
-        };
-        let Some(companion) = companion else {
-            tracing::warn!(run.id = %run.id, input = %id, "the runtime took an input it was not given");
-            return Ok(());
-        };
-        if turn.content_json() != "[]" {
-            let metadata = EntryMetadata {
-                stop_reason: Some("steered".into()),
-                usage_json: None,
-                aborted: false,
-            };
-            self.append(
-                run,
-                held,
-                text_entry("assistant", turn.content_json(), metadata),
-            )
-            .await?;
-        }
-        turn.next_segment();
-        run.state().outcome.text = turn.text.clone();
-        self.carry(run, held, &companion).await
     }
 
     /// Writes the assistant turn: complete on success (which decides `ok`),

@@ -4,7 +4,8 @@
 //!
 //! `coordinator` (state and API), `admission`, `lanes`, `control` (cancel,
 //! wait, drain), `terminal` (the shared terminal path),
-//! `executor` (one run's execution), `recovery` (settling what an earlier
+//! `executor` (one run's execution), `companions` (the runs whose
+//! messages another run carries: `steer`, `collect`), `recovery` (settling what an earlier
 //! owner left), `ownership` (the partitions held and the owner tokens writes
 //! carry), `fenced_store` (the store as seen through the ownership fence),
 //! `leader` (lease mode: standby, renewal, self-fence, handover), `events`
@@ -14,6 +15,7 @@
 
 mod admission;
 pub mod cli;
+mod companions;
 pub mod config;
 mod control;
 pub mod coordinator;
