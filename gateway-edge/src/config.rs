@@ -98,6 +98,12 @@ pub struct EdgeConfig {
     /// Largest frame after the handshake, bytes (advertised as policy.maxPayload).
     #[arg(long, env = "EDGE_MAX_PAYLOAD", default_value_t = limits::EDGE_MAX_PAYLOAD)]
     pub max_payload: usize,
+    /// Most attachment bytes (decoded, all attachments of one message
+    /// together) a `chat.send`, `agent` or `sessions.create` may carry
+    /// (advertised as policy.attachments; the coordinator's
+    /// COORDINATOR_MAX_ATTACHMENT_BYTES must allow as much).
+    #[arg(long, env = "EDGE_ATTACHMENT_MAX_BYTES", default_value_t = limits::RUN_MAX_ATTACHMENT_BYTES)]
+    pub attachment_max_bytes: usize,
     /// Most connections the presence list shows (the newest).
     #[arg(long, env = "EDGE_PRESENCE_MAX_ENTRIES", default_value_t = 100)]
     pub presence_max_entries: usize,

@@ -267,7 +267,11 @@ fn accept_connect(
         "policy": {
             "maxPayload": edge.config.max_payload,
             "maxBufferedBytes": edge.config.max_buffered_bytes,
-            "tickIntervalMs": edge.config.tick_interval.as_millis() as u64
+            "tickIntervalMs": edge.config.tick_interval.as_millis() as u64,
+            "attachments": {
+                "maxBytes": edge.config.attachment_max_bytes,
+                "maxImageBytes": edge.config.attachment_max_bytes,
+            },
         },
     });
     Ok((conn, reader, hello))

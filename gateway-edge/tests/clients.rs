@@ -384,3 +384,97 @@ async fn a_duplicate_agent_for_a_running_key_answers_in_flight_once() {
     assert_eq!(answers, 1);
     system.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachments_reach_the_runtime_and_the_transcript() {
+    let system = System::start().await;
+    let mut config = system.edge_config();
+    config.attachment_max_bytes = 1024;
+    let (url, _) = system.edge(config).await;
+    let mut client = Client::connect(&url, &["operator.write"]).await;
+    // As the Control UI sends an image: base64 content, no text at all.
+    let image = json!({ "type": "image", "mimeType": "image/png", "fileName": "dot.png", "content": "iVBORw0KGgo=" });
+    let sent = send(
+        &mut client,
+        "files",
+        "img-1",
+        "",
+        json!({ "attachments": [image] }),
+    )
+    .await;
+    assert_eq!(sent["payload"]["status"], "started", "{sent}");
+    let end = chat_end(&mut client, "img-1").await;
+    // The echo runtime says what it was given.
+    assert_eq!(
+        end["payload"]["message"]["content"][0]["text"],
+        "[dot.png: image/png, 8 bytes]"
+    );
+    let history = client
+        .request("chat.history", json!({ "sessionKey": "files" }))
+        .await;
+    let user = &history["payload"]["messages"][0];
+    assert_eq!(
+        user["content"],
+        json!([{ "type": "image", "mimeType": "image/png", "fileName": "dot.png", "data": "iVBORw0KGgo=" }])
+    );
+    // A data URL carries its own MIME type.
+    let file =
+        json!({ "type": "file", "fileName": "a.txt", "content": "data:text/plain;base64,aGk=" });
+    let sent = send(
+        &mut client,
+        "files",
+        "txt-1",
+        "read this",
+        json!({ "attachments": [file] }),
+    )
+    .await;
+    assert_eq!(sent["ok"], true, "{sent}");
+    let end = chat_end(&mut client, "txt-1").await;
+    assert_eq!(
+        end["payload"]["message"]["content"][0]["text"],
+        "read this\n[a.txt: text/plain, 2 bytes]"
+    );
+
+    let big = json!({ "mimeType": "image/png", "content": "A".repeat(2000) });
+    let refused = send(
+        &mut client,
+        "files",
+        "big-1",
+        "",
+        json!({ "attachments": [big] }),
+    )
+    .await;
+    assert_eq!(
+        refused["error"]["details"]["code"], "ATTACHMENTS_TOO_LARGE",
+        "{refused}"
+    );
+    let garbled = json!({ "mimeType": "image/png", "content": "not base64!" });
+    let refused = send(
+        &mut client,
+        "files",
+        "bad-1",
+        "hi",
+        json!({ "attachments": [garbled] }),
+    )
+    .await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/attachments/0 content is not base64"),
+        "{refused}"
+    );
+    let nothing = send(
+        &mut client,
+        "files",
+        "none-1",
+        " ",
+        json!({ "attachments": [] }),
+    )
+    .await;
+    assert_eq!(
+        nothing["error"]["message"],
+        "message or attachment required"
+    );
+    system.stop.cancel();
+}

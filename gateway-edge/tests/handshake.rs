@@ -278,6 +278,10 @@ async fn hello_ok_has_every_required_field_and_no_null() {
         policy["tickIntervalMs"],
         config.tick_interval.as_millis() as u64
     );
+    assert_eq!(
+        policy["attachments"]["maxBytes"],
+        config.attachment_max_bytes
+    );
 
     // A second connection gets its own connId.
     let (_ws2, _, res2) = handshake(&url, connect_params(&["operator.read"])).await;

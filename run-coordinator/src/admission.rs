@@ -27,6 +27,10 @@ fn fingerprint(key: &SessionKey, spec: &RunSpec) -> String {
         "message": spec.message,
         "options": spec.options,
         "timeoutMs": spec.timeout_ms,
+        "attachments": spec.attachments.iter().map(|a| serde_json::json!({
+            "mimeType": a.mime_type, "fileName": a.file_name,
+            "sha256": format!("{:x}", Sha256::digest(a.data.as_bytes())),
+        })).collect::<Vec<_>>(),
     });
     let digest = Sha256::digest(canonical.to_string().as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
@@ -36,9 +40,12 @@ impl Inner {
     fn validate(&self, req: &SubmitRequest) -> CoordinatorResult<()> {
         session_store_api::model::validate_run_id(&req.run_id)?;
         let spec = &req.spec;
-        if spec.message.trim().is_empty() {
-            return Err(CoordinatorError::invalid("message must not be empty"));
+        if spec.message.trim().is_empty() && spec.attachments.is_empty() {
+            return Err(CoordinatorError::invalid(
+                "message must not be empty (unless it carries attachments)",
+            ));
         }
+        self.validate_attachments(&spec.attachments)?;
         if spec.message.len() > self.config.max_message_bytes {
             return Err(CoordinatorError::invalid(format!(
                 "message is {} bytes; the maximum is {} (COORDINATOR_MAX_MESSAGE_BYTES)",
@@ -83,6 +90,56 @@ impl Inner {
             return Err(CoordinatorError::invalid(format!(
                 "timeoutMs must be at most {}",
                 self.config.max_run_timeout.as_millis()
+            )));
+        }
+        Ok(())
+    }
+
+    /// At most `max_attachments`, `max_attachment_bytes` decoded in all,
+    /// each with a `type/subtype` MIME type and valid base64.
+    fn validate_attachments(&self, attachments: &[Attachment]) -> CoordinatorResult<()> {
+        use base64::Engine as _;
+        use clawgate_common::limits::{ATTACHMENT_MAX_MIME_BYTES, ATTACHMENT_MAX_NAME_BYTES};
+        if attachments.len() > self.config.max_attachments {
+            return Err(CoordinatorError::invalid(format!(
+                "{} attachments; the maximum is {} (COORDINATOR_MAX_ATTACHMENTS)",
+                attachments.len(),
+                self.config.max_attachments
+            )));
+        }
+        let mut total = 0usize;
+        for (index, attachment) in attachments.iter().enumerate() {
+            let mime = &attachment.mime_type;
+            let well_formed = mime.len() <= ATTACHMENT_MAX_MIME_BYTES
+                && mime
+                    .split_once('/')
+                    .is_some_and(|(t, s)| !t.is_empty() && !s.is_empty())
+                && mime.bytes().all(|b| b.is_ascii_graphic());
+            if !well_formed {
+                return Err(CoordinatorError::invalid(format!(
+                    "attachment {index}: mime type must be type/subtype, at most {ATTACHMENT_MAX_MIME_BYTES} bytes"
+                )));
+            }
+            if attachment.file_name.len() > ATTACHMENT_MAX_NAME_BYTES
+                || attachment.file_name.contains('\0')
+            {
+                return Err(CoordinatorError::invalid(format!(
+                    "attachment {index}: file name must be at most {ATTACHMENT_MAX_NAME_BYTES} bytes, without NUL"
+                )));
+            }
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(&attachment.data)
+                .map_err(|e| {
+                    CoordinatorError::invalid(format!(
+                        "attachment {index}: data is not base64: {e}"
+                    ))
+                })?;
+            total += decoded.len();
+        }
+        if total > self.config.max_attachment_bytes {
+            return Err(CoordinatorError::invalid(format!(
+                "attachments are {total} bytes; the maximum is {} (COORDINATOR_MAX_ATTACHMENT_BYTES)",
+                self.config.max_attachment_bytes
             )));
         }
         Ok(())

@@ -132,6 +132,12 @@ pub struct CoordinatorArgs {
     /// Largest runtime options object, bytes (as JSON).
     #[arg(long, env = "COORDINATOR_MAX_OPTIONS_BYTES", default_value_t = limits::RUN_MAX_OPTIONS_BYTES)]
     pub max_options_bytes: usize,
+    /// Most attachment bytes (decoded) one run may carry, all together.
+    #[arg(long, env = "COORDINATOR_MAX_ATTACHMENT_BYTES", default_value_t = limits::RUN_MAX_ATTACHMENT_BYTES)]
+    pub max_attachment_bytes: usize,
+    /// Most attachments one run may carry.
+    #[arg(long, env = "COORDINATOR_MAX_ATTACHMENTS", default_value_t = limits::RUN_MAX_ATTACHMENTS)]
+    pub max_attachments: usize,
     /// Longest run label, characters.
     #[arg(long, env = "COORDINATOR_MAX_LABEL_CHARS", default_value_t = limits::RUN_MAX_LABEL_CHARS)]
     pub max_label_chars: usize,
@@ -193,6 +199,8 @@ impl CoordinatorArgs {
             history_entries: self.history_entries,
             max_message_bytes: self.max_message_bytes,
             max_options_bytes: self.max_options_bytes,
+            max_attachment_bytes: self.max_attachment_bytes,
+            max_attachments: self.max_attachments,
             max_label_chars: self.max_label_chars,
             max_requester_chars: self.max_requester_chars,
             cancel_settle: self.cancel_settle,

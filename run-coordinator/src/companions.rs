@@ -7,7 +7,7 @@ use session_store_api::model::EntryMetadata;
 
 use crate::coordinator::Inner;
 use crate::events::{EventBody, LifecyclePhase};
-use crate::executor::{Held, Turn, text_entry};
+use crate::executor::{Held, Turn, text_entry, user_entry};
 use crate::run::{Decision, Run};
 
 impl Inner {
@@ -32,12 +32,9 @@ impl Inner {
                 error: None,
             },
         );
-        let user = text_entry(
-            "user",
-            serde_json::json!([{ "type": "text", "text": companion.spec.message }]).to_string(),
-            EntryMetadata::default(),
-        );
-        self.append(run, held, user).await.map(|_| ())
+        self.append(run, held, user_entry(&companion.spec))
+            .await
+            .map(|_| ())
     }
 
     /// The runtime took the steered message `id`: the answer so far is

@@ -29,6 +29,10 @@ pub struct CoordinatorConfig {
     pub max_message_bytes: usize,
     /// Largest runtime options object, bytes.
     pub max_options_bytes: usize,
+    /// Most attachment bytes (decoded) of one run, all together.
+    pub max_attachment_bytes: usize,
+    /// Most attachments of one run.
+    pub max_attachments: usize,
     /// Longest run label, characters.
     pub max_label_chars: usize,
     /// Longest requester, characters.
@@ -56,6 +60,8 @@ impl Default for CoordinatorConfig {
             history_entries: 50,
             max_message_bytes: limits::RUN_MAX_MESSAGE_BYTES,
             max_options_bytes: limits::RUN_MAX_OPTIONS_BYTES,
+            max_attachment_bytes: limits::RUN_MAX_ATTACHMENT_BYTES,
+            max_attachments: limits::RUN_MAX_ATTACHMENTS,
             max_label_chars: limits::RUN_MAX_LABEL_CHARS,
             max_requester_chars: limits::RUN_MAX_REQUESTER_CHARS,
             cancel_settle: Duration::from_secs(10),

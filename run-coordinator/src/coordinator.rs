@@ -88,6 +88,7 @@ pub(crate) fn spec_of(record: &RunRecord) -> RunSpec {
         options: serde_json::json!({}),
         requester: String::new(),
         label: None,
+        attachments: Vec::new(),
     })
 }
 

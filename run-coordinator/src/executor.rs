@@ -106,6 +106,47 @@ fn current_writer(err: &StoreError) -> Option<String> {
         .and_then(|s| s.active_writer_run_id.clone())
 }
 
+/// A run's user turn: its text, then its attachments (images as `image`
+/// parts, other files as `file` parts, each with its data).
+pub(crate) fn user_entry(spec: &crate::model::RunSpec) -> NewEntry {
+    let mut parts = Vec::new();
+    if !spec.message.is_empty() {
+        parts.push(serde_json::json!({ "type": "text", "text": spec.message }));
+    }
+    for attachment in &spec.attachments {
+        let mut part = serde_json::json!({
+            "type": if attachment.is_image() { "image" } else { "file" },
+            "mimeType": attachment.mime_type, "data": attachment.data,
+        });
+        if !attachment.file_name.is_empty() {
+            part["fileName"] = serde_json::json!(attachment.file_name);
+        }
+        parts.push(part);
+    }
+    text_entry(
+        "user",
+        serde_json::Value::Array(parts).to_string(),
+        EntryMetadata::default(),
+    )
+}
+
+/// The attachments of `runs`, decoded for the runtime (admission checked
+/// the base64).
+fn runtime_attachments<'a>(
+    runs: impl Iterator<Item = &'a crate::model::RunSpec>,
+) -> Vec<crate::runtime::Attachment> {
+    use base64::Engine as _;
+    runs.flat_map(|spec| spec.attachments.iter())
+        .map(|a| crate::runtime::Attachment {
+            mime_type: a.mime_type.clone(),
+            file_name: a.file_name.clone(),
+            data: base64::engine::general_purpose::STANDARD
+                .decode(&a.data)
+                .unwrap_or_default(),
+        })
+        .collect()
+}
+
 pub(crate) fn text_entry(role: &str, content_json: String, metadata: EntryMetadata) -> NewEntry {
     NewEntry {
         role: role.into(),
@@ -174,12 +215,7 @@ impl Inner {
                 return None;
             }
         };
-        let user = text_entry(
-            "user",
-            serde_json::json!([{ "type": "text", "text": run.spec.message }]).to_string(),
-            EntryMetadata::default(),
-        );
-        let user_seq = match self.append(run, &held, user).await {
+        let user_seq = match self.append(run, &held, user_entry(&run.spec)).await {
             Ok(seq) => seq,
             Err(decision) => {
                 run.decide(decision);
@@ -360,14 +396,21 @@ impl Inner {
         let deadline_ms =
             i64::try_from(timeout.as_millis()).map_or(i64::MAX, |ms| now_ms().saturating_add(ms));
         let mut turn = Turn::default();
-        let message = {
+        let (message, attachments) = {
             let state = run.state();
+            let collected: Vec<&Arc<Run>> = state
+                .companions
+                .iter()
+                .filter(|c| c.taken)
+                .map(|c| &c.run)
+                .collect();
             let mut message = run.spec.message.clone();
-            for companion in state.companions.iter().filter(|c| c.taken) {
+            for companion in &collected {
                 message.push_str(MESSAGE_SEPARATOR);
-                message.push_str(&companion.run.spec.message);
+                message.push_str(&companion.spec.message);
             }
-            message
+            let specs = std::iter::once(&run.spec).chain(collected.iter().map(|c| &c.spec));
+            (message, runtime_attachments(specs))
         };
         let request = RuntimeRequest {
             run_id: run.id.clone(),
@@ -378,6 +421,7 @@ impl Inner {
             options: run.spec.options.clone(),
             deadline_ms: Some(deadline_ms),
             inputs: run.inputs.clone(),
+            attachments,
         };
         let started = tokio::select! {
             biased;

@@ -62,7 +62,11 @@ impl Inner {
         else {
             return false;
         };
-        if carrier.decided().is_some() || carrier.state().phase != Phase::Running {
+        // A steered message is text: one with attachments takes a turn.
+        if !run.spec.attachments.is_empty()
+            || carrier.decided().is_some()
+            || carrier.state().phase != Phase::Running
+        {
             return false;
         }
         let offered = carrier.inputs.push(crate::runtime::SteerInput {

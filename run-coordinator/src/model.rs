@@ -40,6 +40,27 @@ pub struct RunSpec {
     pub requester: String,
     #[serde(default)]
     pub label: Option<String>,
+    /// Files sent with the message (images, documents), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+}
+
+/// A file sent with a run's message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    /// `type/subtype`, e.g. `image/png`.
+    pub mime_type: String,
+    #[serde(default)]
+    pub file_name: String,
+    /// The bytes, base64 (standard alphabet, padded).
+    pub data: String,
+}
+
+impl Attachment {
+    pub fn is_image(&self) -> bool {
+        self.mime_type.starts_with("image/")
+    }
 }
 
 fn empty_object() -> serde_json::Value {

@@ -79,7 +79,8 @@ pub fn check_transport(args: &ServeArgs) -> anyhow::Result<()> {
         limits.max_options_bytes,
         limits.max_label_chars,
         limits.max_requester_chars,
-    );
+    ) + limits.max_attachment_bytes
+        + limits.max_attachments * ENVELOPE_BYTES;
     anyhow::ensure!(
         largest_submit <= ceiling,
         "COORDINATOR_GRPC_MAX_MESSAGE_BYTES ({ceiling}) must hold the largest Submit the \

@@ -324,3 +324,59 @@ async fn submits_cancelled_during_admission_leave_no_half_admitted_key() {
     }
     cluster.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachments_are_admitted_within_their_limits() {
+    let config = run_coordinator::config::CoordinatorConfig {
+        max_attachment_bytes: 4,
+        max_attachments: 1,
+        ..Default::default()
+    };
+    let mut cluster = Cluster::start(Recording::echo(1, 4), config).await;
+    let file = |mime: &str, data: &[u8]| clawgate_proto::agent_runtime::v1::Attachment {
+        mime_type: mime.into(),
+        file_name: "f".into(),
+        data: data.to_vec(),
+    };
+    let with = |id: &str, files| clawgate_proto::run_coordinator::v1::SubmitRequest {
+        attachments: files,
+        ..submit_req(id, "agent:main:files", "")
+    };
+    // An attachment alone is a message.
+    let done = submit(
+        &mut cluster.client,
+        with("a-1", vec![file("image/png", b"1234")]),
+    )
+    .await;
+    assert_eq!(
+        done.admission,
+        clawgate_proto::run_coordinator::v1::Admission::Accepted as i32
+    );
+    assert_eq!(
+        status(&finished(&mut cluster.client, "a-1").await),
+        session_store::model::RunStatus::Ok
+    );
+    for (id, files, why) in [
+        (
+            "a-2",
+            vec![file("image/png", b"12345")],
+            "COORDINATOR_MAX_ATTACHMENT_BYTES",
+        ),
+        (
+            "a-3",
+            vec![file("image/png", b"1"), file("image/png", b"2")],
+            "COORDINATOR_MAX_ATTACHMENTS",
+        ),
+        ("a-4", vec![file("png", b"1")], "type/subtype"),
+        ("a-5", vec![], "must not be empty"),
+    ] {
+        let refused = cluster.client.submit(with(id, files)).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{id}");
+        assert!(
+            refused.message().contains(why),
+            "{id}: {}",
+            refused.message()
+        );
+    }
+    cluster.finish().await;
+}

@@ -289,6 +289,19 @@ fn fuzz_agent_runtime(runtime: &tokio::runtime::Runtime) -> Report {
                 }],
                 options_json: r#"{"paceMs": 1, "toolCall": true}"#.into(),
                 deadline_ms: 1_700_000_000_000,
+                attachments: vec![rt::Attachment {
+                    mime_type: "image/png".into(),
+                    file_name: "dot.png".into(),
+                    data: vec![0x89, b'P', b'N', b'G'],
+                }],
+            },
+        )
+        .with(
+            &path("Steer"),
+            &rt::SteerRequest {
+                run_id: "fuzz-run".into(),
+                input_id: "fuzz-steer".into(),
+                message: "and this".into(),
             },
         )
         .with(

@@ -80,6 +80,7 @@ fn request(run_id: &str, message: &str, options: serde_json::Value) -> RuntimeRe
         options,
         deadline_ms: None,
         inputs: Default::default(),
+        attachments: Vec::new(),
     }
 }
 
@@ -882,4 +883,33 @@ async fn the_stream_ends_at_finished_or_failed_whatever_the_server_does() {
             vec![Ok(RuntimeEvent::AssistantDelta("a".into())), expected]
         );
     }
+}
+
+#[tokio::test]
+async fn attachments_cross_the_wire_as_bytes() {
+    let echo = Arc::new(EchoRuntime::new(EchoConfig {
+        chunks: 1,
+        pace: Duration::from_millis(1),
+    }));
+    let server = start(serve_runtime(echo)).await;
+    let client = client_for(&server).await;
+    let mut request = request("run-files", "see", serde_json::json!({}));
+    request.attachments = vec![run_coordinator::runtime::Attachment {
+        mime_type: "image/png".into(),
+        file_name: "a.png".into(),
+        data: vec![0, 1, 2, 255],
+    }];
+    let stream = client
+        .execute(request, CancellationToken::new())
+        .await
+        .unwrap();
+    let text: String = collect(stream)
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            Ok(RuntimeEvent::AssistantDelta(d)) => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text, "see\n[a.png: image/png, 4 bytes]");
 }

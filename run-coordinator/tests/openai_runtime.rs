@@ -218,6 +218,7 @@ fn request(message: &str, history: Vec<HistoryMessage>, options: Value) -> Runti
         options,
         deadline_ms: None,
         inputs: Default::default(),
+        attachments: Vec::new(),
     }
 }
 
@@ -996,5 +997,26 @@ async fn a_steered_message_is_answered_by_one_more_completion() {
             ("assistant", "first answer"),
             ("user", "and also this")
         ]
+    );
+}
+
+#[tokio::test]
+async fn attachments_are_sent_as_content_parts() {
+    let server = serve(|_, _| a_reply(&["a cat"])).await;
+    let mut request = request("what is this?", Vec::new(), json!({}));
+    request.attachments = vec![Attachment {
+        mime_type: "image/jpeg".into(),
+        file_name: "cat.jpg".into(),
+        data: vec![0xff, 0xd8, 0xff],
+    }];
+    let events = run(config(&server.base_url), request).await;
+    assert_eq!(deltas(&events), "a cat");
+    let sent = &server.seen()[0].body["messages"];
+    assert_eq!(
+        sent.as_array().unwrap().last().unwrap()["content"],
+        json!([
+            { "type": "text", "text": "what is this?" },
+            { "type": "image_url", "image_url": { "url": "data:image/jpeg;base64,/9j/" } },
+        ])
     );
 }

@@ -30,6 +30,7 @@ fn request(run_id: &str, session: &str) -> SubmitRequest {
             options: serde_json::json!({}),
             requester: String::new(),
             label: None,
+            attachments: Vec::new(),
         },
     }
 }

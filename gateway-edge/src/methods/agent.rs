@@ -108,7 +108,7 @@ pub(super) async fn agent(
     received: Instant,
 ) -> Answer {
     let p = Params::new("agent", &request.params, AGENT_KEYS).map_err(fail)?;
-    super::refuse_attachments(&request.params)?;
+    let attachments = super::attachments::parse(edge, "agent", &request.params)?;
     let message = p.required_non_empty("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
     trace::record_run(key);
@@ -146,6 +146,7 @@ pub(super) async fn agent(
         options_json: String::new(),
         requester: conn.requester.clone(),
         label: p.string("label").map_err(fail)?.map(str::to_owned),
+        attachments,
     };
     let coordinator = &edge.backends.coordinator;
     let done = coordinator.submit(submit).await.map_err(backend_error)?;

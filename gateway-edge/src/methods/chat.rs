@@ -71,7 +71,7 @@ pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
         _ => params,
     };
     let p = Params::new("chat.send", params, CHAT_SEND_KEYS).map_err(fail)?;
-    super::refuse_attachments(params)?;
+    let attachments = super::attachments::parse(edge, "chat.send", params)?;
     let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
     let message = p.required_string("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
@@ -81,7 +81,7 @@ pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
             "message must not contain null bytes",
         )));
     }
-    if message.trim().is_empty() {
+    if message.trim().is_empty() && attachments.is_empty() {
         return Err(fail(ErrorShape::invalid("message or attachment required")));
     }
     let session = key_for("chat.send", raw_key)?;
@@ -108,6 +108,7 @@ pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
             message,
             queue_mode,
             timeout_ms,
+            attachments,
         },
         received,
     )
@@ -123,6 +124,7 @@ pub(super) struct Turn<'a> {
     /// `None`: the session's queue mode, or the gateway's default.
     pub queue_mode: Option<pb::QueueMode>,
     pub timeout_ms: u64,
+    pub attachments: Vec<clawgate_proto::agent_runtime::v1::Attachment>,
 }
 
 /// The coordinator's name for a queue mode.
@@ -172,6 +174,7 @@ pub(super) async fn start_turn(
         options_json: settings.options_json,
         requester: conn.requester.clone(),
         label: None,
+        attachments: turn.attachments,
     };
     // Same runId on every attempt: a retry after a failover is idempotent.
     let done = edge

@@ -116,6 +116,7 @@ pub(super) async fn run(
                 message: then,
                 queue_mode: None,
                 timeout_ms: 0,
+                attachments: Vec::new(),
             };
             start_turn(edge, conn, turn, received).await
         }

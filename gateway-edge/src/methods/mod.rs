@@ -11,6 +11,7 @@
 //! order they finish.
 
 mod agent;
+mod attachments;
 mod catalog;
 mod chat;
 mod commands;
@@ -351,21 +352,6 @@ pub(crate) fn store_error(err: session_store_api::StoreError) -> (ErrorShape, Op
         other => ErrorShape::unavailable(other.to_string()).retry_after(500),
     };
     (error, None)
-}
-
-/// Attachments are refused until they reach the runtime: a message sent
-/// with them would otherwise reach the model without them.
-pub(crate) fn refuse_attachments(params: &Value) -> Result<(), (ErrorShape, Option<Value>)> {
-    match params.get("attachments") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(items)) if items.is_empty() => Ok(()),
-        Some(_) => Err(fail(
-            ErrorShape::invalid(
-                "attachments are not supported by this gateway yet (the model would not see them); send the text alone",
-            )
-            .with_details(json!({ "code": "ATTACHMENTS_UNSUPPORTED" })),
-        )),
-    }
 }
 
 pub(crate) fn key_for(method: &str, raw: &str) -> Result<SessionKey, (ErrorShape, Option<Value>)> {

@@ -394,8 +394,6 @@ const CREATE_UNSUPPORTED: &[&str] = &[
     "execNode",
     "cwd",
     "spawnDepth",
-    // Until attachments reach the runtime (see `refuse_attachments`).
-    "attachments",
 ];
 
 pub(super) const SESSIONS_CREATE_KEYS: &[&str] = &[
@@ -519,6 +517,7 @@ pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
             message,
             queue_mode: None,
             timeout_ms,
+            attachments: super::attachments::parse(edge, "sessions.create", call.params())?,
         };
         let started = super::chat::start_turn(edge, conn, turn, call.received).await?;
         answer["runStarted"] = json!(true);

@@ -81,6 +81,18 @@ pub fn submit_from_pb(r: pb::SubmitRequest) -> Result<SubmitRequest, Coordinator
             options,
             requester: r.requester,
             label: r.label,
+            attachments: r
+                .attachments
+                .into_iter()
+                .map(|a| {
+                    use base64::Engine as _;
+                    Attachment {
+                        mime_type: a.mime_type,
+                        file_name: a.file_name,
+                        data: base64::engine::general_purpose::STANDARD.encode(a.data),
+                    }
+                })
+                .collect(),
         },
         run_id: r.run_id,
     })

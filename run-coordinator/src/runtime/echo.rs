@@ -1,5 +1,6 @@
 //! The `echo` runtime: deterministic, for demos, tests and benchmarks. It
-//! streams the user's message back in `chunks` pieces, one every `paceMs`.
+//! streams the user's message back in `chunks` pieces, one every `paceMs`
+//! (an attachment as a line `[name: mime/type, N bytes]`).
 //!
 //! Per-run options (the run's `options` object) override the defaults:
 //! `chunks`, `paceMs`, `toolCall` (true: a tool call before the text),
@@ -118,7 +119,24 @@ fn plan(request: &RuntimeRequest, options: &EchoOptions, chunks: usize) -> Vec<S
             }),
         ));
     }
-    for (index, step) in reply(&request.message, chunks).enumerate() {
+    // What it was sent: the text, then a line per attachment.
+    let mut echoed = request.message.clone();
+    for attachment in &request.attachments {
+        if !echoed.is_empty() {
+            echoed.push('\n');
+        }
+        let name = if attachment.file_name.is_empty() {
+            "attachment"
+        } else {
+            &attachment.file_name
+        };
+        echoed.push_str(&format!(
+            "[{name}: {}, {} bytes]",
+            attachment.mime_type,
+            attachment.data.len()
+        ));
+    }
+    for (index, step) in reply(&echoed, chunks).enumerate() {
         steps.push(step);
         if index == 0
             && let Some(message) = &options.fail
@@ -246,6 +264,7 @@ mod tests {
             options,
             deadline_ms: None,
             inputs: Default::default(),
+            attachments: Vec::new(),
         }
     }
 

@@ -38,6 +38,17 @@ pub struct RuntimeRequest {
     pub deadline_ms: Option<i64>,
     /// Messages steered into this run while it runs (queue mode `steer`).
     pub inputs: Inputs,
+    /// Files sent with the message, in order.
+    pub attachments: Vec<Attachment>,
+}
+
+/// A file sent with the turn's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// `type/subtype`, e.g. `image/png`.
+    pub mime_type: String,
+    pub file_name: String,
+    pub data: Vec<u8>,
 }
 
 /// A message steered into a running run.

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! WebSocket frame (edge)  ≤ gRPC message (edge → coordinator, → store)
-//! message + options (coordinator) → store entry, store run payload,
+//! message + options + attachments (coordinator)
+//!                                 → store entry, store run payload,
 //!                                    each ≥ their worst-case JSON encoding
 //! store append, run payload        ≤ gRPC message
 //! history page (store)             ≤ send buffer (edge) ≤ gRPC message
@@ -38,6 +39,32 @@ pub const ENVELOPE_BYTES: usize = 16 * KIB;
 /// The largest message of a run, UTF-8 bytes (`COORDINATOR_MAX_MESSAGE_BYTES`).
 pub const RUN_MAX_MESSAGE_BYTES: usize = MIB;
 
+/// The most attachment bytes (decoded) one run may carry, all its
+/// attachments together (`COORDINATOR_MAX_ATTACHMENT_BYTES`; the edge's
+/// `EDGE_ATTACHMENT_MAX_BYTES`, advertised as `policy.attachments`).
+pub const RUN_MAX_ATTACHMENT_BYTES: usize = 4 * MIB;
+
+/// The most attachments one run may carry (`COORDINATOR_MAX_ATTACHMENTS`).
+pub const RUN_MAX_ATTACHMENTS: usize = 8;
+
+/// The longest MIME type and file name of an attachment, bytes.
+pub const ATTACHMENT_MAX_MIME_BYTES: usize = 128;
+pub const ATTACHMENT_MAX_NAME_BYTES: usize = 512;
+
+/// What one attachment adds besides its data, at its worst-case JSON
+/// encoding: its MIME type and file name, the keys around them.
+const ATTACHMENT_ENVELOPE_BYTES: usize =
+    JSON_EXPANSION * (ATTACHMENT_MAX_MIME_BYTES + ATTACHMENT_MAX_NAME_BYTES) + 256;
+
+/// Attachments as stored (in a run's request and its user turn): the data
+/// as base64, plus each one's envelope.
+pub const fn attachments_bytes_needed(max_bytes: usize, max_count: usize) -> usize {
+    max_bytes
+        .div_ceil(3)
+        .saturating_mul(4)
+        .saturating_add(max_count.saturating_mul(ATTACHMENT_ENVELOPE_BYTES))
+}
+
 /// The largest runtime options object of a run, as JSON
 /// (`COORDINATOR_MAX_OPTIONS_BYTES`).
 pub const RUN_MAX_OPTIONS_BYTES: usize = 64 * KIB;
@@ -58,7 +85,11 @@ const UTF8_MAX: usize = 4;
 
 /// The largest transcript entry (`SESSION_STORE_MAX_ENTRY_BYTES`): a user
 /// turn holds the run's message as a JSON string, whatever its characters.
-pub const STORE_MAX_ENTRY_BYTES: usize = entry_bytes_needed(RUN_MAX_MESSAGE_BYTES);
+pub const STORE_MAX_ENTRY_BYTES: usize = entry_bytes_needed(
+    RUN_MAX_MESSAGE_BYTES,
+    RUN_MAX_ATTACHMENT_BYTES,
+    RUN_MAX_ATTACHMENTS,
+);
 
 /// The largest Append, all entries together (`SESSION_STORE_MAX_APPEND_BYTES`).
 pub const STORE_MAX_APPEND_BYTES: usize = 2 * STORE_MAX_ENTRY_BYTES;
@@ -66,12 +97,13 @@ pub const STORE_MAX_APPEND_BYTES: usize = 2 * STORE_MAX_ENTRY_BYTES;
 /// The largest `request_json` / `outcome_json` of a run record
 /// (`SESSION_STORE_MAX_RUN_PAYLOAD_BYTES`): a run's request as JSON, its
 /// message, label and requester each at their worst-case encoding.
-pub const STORE_MAX_RUN_PAYLOAD_BYTES: usize = run_payload_bytes_needed(
-    RUN_MAX_MESSAGE_BYTES,
-    RUN_MAX_OPTIONS_BYTES,
-    RUN_MAX_LABEL_CHARS,
-    RUN_MAX_REQUESTER_CHARS,
-);
+pub const STORE_MAX_RUN_PAYLOAD_BYTES: usize =
+    run_payload_bytes_needed(
+        RUN_MAX_MESSAGE_BYTES,
+        RUN_MAX_OPTIONS_BYTES,
+        RUN_MAX_LABEL_CHARS,
+        RUN_MAX_REQUESTER_CHARS,
+    ) + attachments_bytes_needed(RUN_MAX_ATTACHMENT_BYTES, RUN_MAX_ATTACHMENTS);
 
 /// The most characters of one History page, counted in the entries' stored
 /// JSON (`SESSION_STORE_MAX_HISTORY_CHARS`). A page holds at least one entry
@@ -82,7 +114,7 @@ pub const STORE_MAX_HISTORY_CHARS: usize = 2_000_000;
 /// A connection's send buffer at the edge (`EDGE_MAX_BUFFERED_BYTES`,
 /// advertised as `hello-ok.policy.maxBufferedBytes`): the largest answer
 /// frame must fit in it.
-pub const EDGE_MAX_BUFFERED_BYTES: usize = 16 * MIB;
+pub const EDGE_MAX_BUFFERED_BYTES: usize = 32 * MIB;
 
 // The relations the module comment states, for the defaults.
 const _: () = {
@@ -94,8 +126,11 @@ const _: () = {
             RUN_MAX_OPTIONS_BYTES,
             RUN_MAX_LABEL_CHARS,
             RUN_MAX_REQUESTER_CHARS
-        ) <= GRPC_MAX_MESSAGE_BYTES
+        ) + RUN_MAX_ATTACHMENT_BYTES
+            + RUN_MAX_ATTACHMENTS * ENVELOPE_BYTES
+            <= GRPC_MAX_MESSAGE_BYTES
     );
+    assert!(RUN_MAX_ATTACHMENT_BYTES.div_ceil(3) * 4 + ENVELOPE_BYTES <= EDGE_MAX_PAYLOAD);
     assert!(STORE_MAX_ENTRY_BYTES <= STORE_MAX_APPEND_BYTES);
     assert!(STORE_MAX_APPEND_BYTES + ENVELOPE_BYTES <= GRPC_MAX_MESSAGE_BYTES);
     assert!(STORE_MAX_RUN_PAYLOAD_BYTES + ENVELOPE_BYTES <= GRPC_MAX_MESSAGE_BYTES);
@@ -140,11 +175,19 @@ pub const fn submit_bytes_needed(
         .saturating_add(ENVELOPE_BYTES)
 }
 
-/// The transcript entry a run's user turn needs at most, for a given
-/// coordinator message limit (the store's `max_entry_bytes` must be at least
-/// this).
-pub const fn entry_bytes_needed(max_message_bytes: usize) -> usize {
+/// The transcript entry a run's user turn needs at most, for given
+/// coordinator message and attachment limits (the store's `max_entry_bytes`
+/// must be at least this).
+pub const fn entry_bytes_needed(
+    max_message_bytes: usize,
+    max_attachment_bytes: usize,
+    max_attachments: usize,
+) -> usize {
     JSON_EXPANSION
         .saturating_mul(max_message_bytes)
+        .saturating_add(attachments_bytes_needed(
+            max_attachment_bytes,
+            max_attachments,
+        ))
         .saturating_add(ENVELOPE_BYTES)
 }

@@ -160,7 +160,7 @@ impl Settings {
     /// meant for it, never by a transport limit further in.
     pub fn check_limits(&self) -> anyhow::Result<()> {
         use clawgate_common::limits::{
-            ENVELOPE_BYTES, entry_bytes_needed, run_payload_bytes_needed,
+            ENVELOPE_BYTES, attachments_bytes_needed, entry_bytes_needed, run_payload_bytes_needed,
         };
         // Each service's own start-up checks, then the chain between them.
         session_store::server::check_transport(&(&self.store).into())?;
@@ -175,11 +175,16 @@ impl Settings {
             self.coordinator.grpc_max_message_bytes,
             self.edge.max_payload
         );
-        let entry = entry_bytes_needed(run.max_message_bytes);
+        let entry = entry_bytes_needed(
+            run.max_message_bytes,
+            run.max_attachment_bytes,
+            run.max_attachments,
+        );
         anyhow::ensure!(
             store.max_entry_bytes >= entry,
             "SESSION_STORE_MAX_ENTRY_BYTES ({}) must hold a user turn of \
-             COORDINATOR_MAX_MESSAGE_BYTES ({}) at its worst-case JSON encoding ({entry})",
+             COORDINATOR_MAX_MESSAGE_BYTES ({}) and its attachments at their worst-case \
+             encoding ({entry})",
             store.max_entry_bytes,
             run.max_message_bytes
         );
@@ -188,7 +193,7 @@ impl Settings {
             run.max_options_bytes,
             run.max_label_chars,
             run.max_requester_chars,
-        );
+        ) + attachments_bytes_needed(run.max_attachment_bytes, run.max_attachments);
         anyhow::ensure!(
             store.max_run_payload_bytes >= payload,
             "SESSION_STORE_MAX_RUN_PAYLOAD_BYTES ({}) must hold a run request the coordinator \

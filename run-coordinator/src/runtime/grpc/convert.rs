@@ -4,8 +4,8 @@ use clawgate_proto::agent_runtime::v1 as pb;
 use tonic::Status;
 
 use crate::runtime::{
-    ErrorKind, HistoryMessage, Inputs, ModelCatalog, ModelInfo, RuntimeError, RuntimeEvent,
-    RuntimeRequest, Usage,
+    Attachment, ErrorKind, HistoryMessage, Inputs, ModelCatalog, ModelInfo, RuntimeError,
+    RuntimeEvent, RuntimeRequest, Usage,
 };
 
 pub(super) fn catalog_from_pb(response: pb::ListModelsResponse) -> ModelCatalog {
@@ -67,6 +67,15 @@ pub(super) fn request_to_pb(request: RuntimeRequest) -> pb::ExecuteRequest {
             .collect(),
         options_json,
         deadline_ms: request.deadline_ms.unwrap_or(0),
+        attachments: request
+            .attachments
+            .into_iter()
+            .map(|a| pb::Attachment {
+                mime_type: a.mime_type,
+                file_name: a.file_name,
+                data: a.data,
+            })
+            .collect(),
     }
 }
 
@@ -100,6 +109,15 @@ pub(super) fn request_from_pb(
         options,
         deadline_ms: (request.deadline_ms != 0).then_some(request.deadline_ms),
         inputs,
+        attachments: request
+            .attachments
+            .into_iter()
+            .map(|a| Attachment {
+                mime_type: a.mime_type,
+                file_name: a.file_name,
+                data: a.data,
+            })
+            .collect(),
     })
 }
 

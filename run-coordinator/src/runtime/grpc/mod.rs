@@ -439,6 +439,7 @@ mod tests {
             options: serde_json::json!({"a": 1}),
             deadline_ms: Some(5),
             inputs: Default::default(),
+            attachments: Vec::new(),
         };
         let back = request_from_pb(request_to_pb(request.clone()), Inputs::default()).unwrap();
         assert_eq!(back.history, request.history);
@@ -449,6 +450,7 @@ mod tests {
             options: serde_json::Value::Null,
             deadline_ms: None,
             inputs: Default::default(),
+            attachments: Vec::new(),
             ..request
         });
         assert_eq!((bare.options_json.as_str(), bare.deadline_ms), ("{}", 0));

@@ -21,7 +21,9 @@
 //!    parts of each entry's `content_json` (`[{"type":"text","text":..}]`)
 //!    are concatenated. Entries of other roles (`toolResult`, ...) and
 //!    entries without text are skipped;
-//! 3. the turn's user `message`.
+//! 3. the turn's user `message`, with its attachments as content parts when
+//!    it has any (`image_url` for images, `file` for other files, each a
+//!    `data:` URL).
 //!
 //! Per-run options (the run's `options` object; unknown keys are ignored):
 //! `model` (replaces the configured model; the fallbacks still apply),
@@ -119,8 +121,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AgentRuntime, ErrorKind, HistoryMessage, Inputs, ModelCatalog, ModelInfo, RuntimeError,
-    RuntimeEvent, RuntimeRequest, RuntimeStream, SteerInput, Usage,
+    AgentRuntime, Attachment, ErrorKind, HistoryMessage, Inputs, ModelCatalog, ModelInfo,
+    RuntimeError, RuntimeEvent, RuntimeRequest, RuntimeStream, SteerInput, Usage,
 };
 
 mod driver;
@@ -334,7 +336,7 @@ impl AgentRuntime for OpenAiRuntime {
             Value::Array(build_messages(
                 options.system.as_deref(),
                 &request.history,
-                &request.message,
+                &user_content(&request.message, &request.attachments),
             )),
         );
         body.insert("stream".into(), Value::Bool(true));
@@ -400,7 +402,31 @@ fn model_chain(requested: Option<&str>, config: &OpenAiConfig) -> Vec<String> {
 }
 
 /// Chat messages: the system prompt, the history, then the user's message.
-fn build_messages(system: Option<&str>, history: &[HistoryMessage], message: &str) -> Vec<Value> {
+/// The turn's user content: its text alone, or with its attachments, as
+/// content parts (`image_url` for images, `file` for other files, each as a
+/// data URL).
+fn user_content(message: &str, attachments: &[Attachment]) -> Value {
+    use base64::Engine as _;
+    if attachments.is_empty() {
+        return json!(message);
+    }
+    let mut parts = Vec::new();
+    if !message.is_empty() {
+        parts.push(json!({ "type": "text", "text": message }));
+    }
+    for attachment in attachments {
+        let data = base64::engine::general_purpose::STANDARD.encode(&attachment.data);
+        let url = format!("data:{};base64,{data}", attachment.mime_type);
+        parts.push(if attachment.mime_type.starts_with("image/") {
+            json!({ "type": "image_url", "image_url": { "url": url } })
+        } else {
+            json!({ "type": "file", "file": { "filename": attachment.file_name, "file_data": url } })
+        });
+    }
+    Value::Array(parts)
+}
+
+fn build_messages(system: Option<&str>, history: &[HistoryMessage], message: &Value) -> Vec<Value> {
     let mut messages = Vec::with_capacity(history.len() + 2);
     if let Some(system) = system.filter(|s| !s.is_empty()) {
         messages.push(json!({ "role": "system", "content": system }));

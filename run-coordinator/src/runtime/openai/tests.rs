@@ -55,7 +55,7 @@ fn messages_from_history() {
             history("assistant", r#"[{"type":"toolCall","id":"c"}]"#),
             history("system", r#""plain""#),
         ],
-        "again",
+        &json!("again"),
     );
     assert_eq!(
         Value::Array(messages),
@@ -315,4 +315,31 @@ fn invalid_options_and_config_are_rejected() {
         ..OpenAiConfig::default()
     };
     assert!(!format!("{config:?}").contains("sk-secret"));
+}
+
+#[test]
+fn attachments_are_content_parts() {
+    let image = Attachment {
+        mime_type: "image/png".into(),
+        file_name: "a.png".into(),
+        data: vec![1, 2, 3],
+    };
+    let pdf = Attachment {
+        mime_type: "application/pdf".into(),
+        file_name: "b.pdf".into(),
+        data: vec![4],
+    };
+    assert_eq!(user_content("hi", &[]), json!("hi"));
+    assert_eq!(
+        user_content("look", &[image.clone(), pdf]),
+        json!([
+            { "type": "text", "text": "look" },
+            { "type": "image_url", "image_url": { "url": "data:image/png;base64,AQID" } },
+            { "type": "file", "file": { "filename": "b.pdf", "file_data": "data:application/pdf;base64,BA==" } },
+        ])
+    );
+    assert_eq!(
+        user_content("", &[image]),
+        json!([{ "type": "image_url", "image_url": { "url": "data:image/png;base64,AQID" } }])
+    );
 }
