@@ -372,31 +372,24 @@ async fn resolved(
     })
 }
 
-/// Keys of `sessions.create` that would need what this gateway does not
-/// have (workspaces, repositories, worktrees, exec nodes, forks, other
-/// runtimes): refused when set.
-const CREATE_UNSUPPORTED: &[&str] = &[
-    "agentRuntime",
-    "contextWindow",
-    "permissionMode",
-    "toolOverrides",
-    "visibility",
-    "catalogId",
-    "fork",
-    "forkFrom",
-    "projectId",
-    "projectGitUrl",
-    "repository",
-    "worktree",
-    "worktreeSource",
-    "worktreeBaseRef",
-    "worktreeName",
-    "execNode",
-    "cwd",
-    "spawnDepth",
-];
+/// The keys of `sessions.create` that would need what this gateway does
+/// not have (workspaces, repositories, worktrees, exec nodes, forks, other
+/// runtimes), and after them any `$more`.
+macro_rules! create_unsupported {
+    ($($more:literal),*) => {
+        &[
+            "agentRuntime", "contextWindow", "permissionMode", "toolOverrides", "visibility",
+            "catalogId", "fork", "forkFrom", "projectId", "projectGitUrl", "repository",
+            "worktree", "worktreeSource", "worktreeBaseRef", "worktreeName", "execNode", "cwd",
+            "spawnDepth", $($more),*
+        ]
+    };
+}
 
-pub(super) const SESSIONS_CREATE_KEYS: &[&str] = &[
+/// Refused when set.
+const CREATE_UNSUPPORTED: &[&str] = create_unsupported!();
+
+pub(super) const SESSIONS_CREATE_KEYS: &[&str] = create_unsupported!(
     "key",
     "idempotencyKey",
     "agentId",
@@ -405,36 +398,18 @@ pub(super) const SESSIONS_CREATE_KEYS: &[&str] = &[
     "titleSource",
     "category",
     "model",
-    "agentRuntime",
-    "contextWindow",
     "thinkingLevel",
     "fastMode",
-    "permissionMode",
-    "toolOverrides",
     "incognito",
-    "visibility",
-    "catalogId",
     "parentSessionKey",
-    "spawnDepth",
-    "fork",
-    "forkFrom",
     "emitCommandHooks",
     "succeedsParent",
     "timeoutMs",
     "task",
     "message",
     "mentions",
-    "attachments",
-    "projectId",
-    "projectGitUrl",
-    "repository",
-    "worktree",
-    "worktreeSource",
-    "worktreeBaseRef",
-    "worktreeName",
-    "execNode",
-    "cwd",
-];
+    "attachments"
+);
 
 /// `sessions.create`: a session under `key` (a new key when none is
 /// given; an existing session is adopted, its settings kept), and, with a
