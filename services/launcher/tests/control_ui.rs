@@ -14,6 +14,8 @@
 //! and the frames the page exchanged are kept in
 //! `target/tmp/control-ui-artifacts/`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -71,24 +73,15 @@ fn chromium() -> PathBuf {
 }
 
 async fn start_all_in_one(data: &Path, control_ui: &Path) -> Process {
-    let any_port = "127.0.0.1:0";
-    let mut command = Command::new(env!("CARGO_BIN_EXE_clawgate"));
+    let mut command = common::all_in_one(data, TOKEN);
     command
-        .args(["--store", &data.join("store.redb").to_string_lossy()])
-        .args(["--store-listen", any_port, "--coordinator-listen", any_port])
-        .args(["--edge-listen", any_port, "--edge-token", TOKEN])
-        .args(["--store-metrics-listen", any_port])
-        .args(["--coordinator-metrics-listen", any_port])
         .arg("--control-ui-dir")
         .arg(control_ui)
         // Replies stream for a few seconds, so the page shows them
         // streaming and its Stop button has a run to stop.
         .args(["--coordinator-echo-chunks", "30"])
         .args(["--coordinator-echo-pace", "400ms"])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("LOG_FORMAT");
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
     let clawgate = Process::start(command, "clawgate", "gateway edge listening").await;
     until_ready(clawgate.address, || clawgate.output().join("\n")).await;
     clawgate

@@ -2,13 +2,14 @@
 //! the coordinator calls its store in process, and those calls must still
 //! show in the run's trace, as `store.<operation>` spans.
 
+mod common;
+
 use std::time::Duration;
 
 use clawgate_system_tests::client::OPERATOR_SCOPES;
 use clawgate_system_tests::cluster::{Process, until_ready};
 use clawgate_system_tests::{EdgeClient, Spans, TraceReceiver};
 use serde_json::json;
-use tokio::process::Command;
 
 const TOKEN: &str = "all-in-one-token";
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -16,14 +17,8 @@ const DEADLINE: Duration = Duration::from_secs(20);
 /// Starts `clawgate` on port 0 everywhere, exporting to `receiver`; returns
 /// once its edge is ready.
 async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> Process {
-    let any_port = "127.0.0.1:0";
-    let mut command = Command::new(env!("CARGO_BIN_EXE_clawgate"));
+    let mut command = common::all_in_one(data, TOKEN);
     command
-        .args(["--store", &data.join("store.redb").to_string_lossy()])
-        .args(["--store-listen", any_port, "--coordinator-listen", any_port])
-        .args(["--edge-listen", any_port, "--edge-token", TOKEN])
-        .args(["--store-metrics-listen", any_port])
-        .args(["--coordinator-metrics-listen", any_port])
         .args([
             "--coordinator-echo-chunks",
             "2",
@@ -32,10 +27,7 @@ async fn start_all_in_one(receiver: &TraceReceiver, data: &std::path::Path) -> P
         ])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .env_remove("OTEL_SERVICE_NAME")
-        .env_remove("LOG_FORMAT");
+        .env_remove("OTEL_SERVICE_NAME");
     let clawgate = Process::start(command, "clawgate", "gateway edge listening").await;
     until_ready(clawgate.address, || clawgate.output().join("\n")).await;
     clawgate
