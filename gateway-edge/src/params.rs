@@ -101,3 +101,43 @@ impl Params<'_> {
         }
     }
 }
+
+/// How many keys the lists `parts` hold together.
+pub const fn keys_len(parts: &[&[&str]]) -> usize {
+    let (mut total, mut part) = (0, 0);
+    while part < parts.len() {
+        total += parts[part].len();
+        part += 1;
+    }
+    total
+}
+
+/// The lists `parts` as one list of `N` keys (`N` = `keys_len(parts)`), so
+/// a closed schema made of several named key lists spells each key once.
+pub const fn concat_keys<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
+    let mut keys = [""; N];
+    let (mut at, mut part) = (0, 0);
+    while part < parts.len() {
+        let mut index = 0;
+        while index < parts[part].len() {
+            keys[at] = parts[part][index];
+            at += 1;
+            index += 1;
+        }
+        part += 1;
+    }
+    assert!(at == N, "N must be keys_len(parts)");
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_lists_concatenate_in_order() {
+        const PARTS: &[&[&str]] = &[&["a", "b"], &[], &["c"]];
+        const ALL: [&str; keys_len(PARTS)] = concat_keys::<{ keys_len(PARTS) }>(PARTS);
+        assert_eq!(ALL, ["a", "b", "c"]);
+    }
+}

@@ -75,61 +75,26 @@ const EXPECT_ABSENT: &[&str] = &[
     "expectedToolOverrides",
 ];
 
-/// `sessions.patch`'s params: the key, the expectations, the mutations.
-macro_rules! patch_keys {
-    () => {
-        &[
-            "key",
-            "agentId",
-            "expectedSessionId",
-            "expectedLifecycleRevision",
-            "expectedPermissionMode",
-            "expectedSandboxMode",
-            "expectedNativeRuntimeConsent",
-            "expectedToolOverrides",
-            "expectedMarkedUnreadAt",
-            "label",
-            "autoLabel",
-            "icon",
-            "color",
-            "category",
-            "boardFace",
-            "boardPresentation",
-            "statusNote",
-            "attention",
-            "ttlMinutes",
-            "archived",
-            "pinned",
-            "unread",
-            "contextWindow",
-            "thinkingLevel",
-            "fastMode",
-            "toolOverrides",
-            "verboseLevel",
-            "traceLevel",
-            "reasoningLevel",
-            "responseUsage",
-            "elevatedLevel",
-            "execHost",
-            "execSecurity",
-            "execAsk",
-            "execNode",
-            "permissionMode",
-            "sandboxMode",
-            "nativeRuntimeConsent",
-            "model",
-            "agentRuntime",
-            "completionOwnerSessionKey",
-            "inheritedToolPolicyVersion",
-            "inheritedToolAllow",
-            "inheritedToolDeny",
-            "sendPolicy",
-            "groupActivation",
-        ]
-    };
-}
+/// `sessions.patch`'s params besides the lists above: the key, the
+/// expectations it checks, and the mutations it reads itself.
+const PATCH_OWN_KEYS: &[&str] = &[
+    "key",
+    "agentId",
+    "expectedSessionId",
+    "expectedMarkedUnreadAt",
+    "label",
+    "statusNote",
+    "ttlMinutes",
+    "unread",
+    "thinkingLevel",
+    "model",
+];
 
-pub(super) const SESSIONS_PATCH_KEYS: &[&str] = patch_keys!();
+const PATCH_PARTS: &[&[&str]] = &[PATCH_OWN_KEYS, EXPECT_ABSENT, PRESENTATION, UNSUPPORTED];
+
+/// `sessions.patch`'s params: every key of the lists it is made of.
+pub(super) const SESSIONS_PATCH_KEYS: &[&str] =
+    &crate::params::concat_keys::<{ crate::params::keys_len(PATCH_PARTS) }>(PATCH_PARTS);
 
 /// The settings of `session` as an object (empty when it has none).
 pub(super) fn settings_of(session: &Session) -> Map<String, Value> {
@@ -296,17 +261,11 @@ fn check_expectations(
     p: &Params<'_>,
     current: Option<&Session>,
 ) -> Result<(), (ErrorShape, Option<Value>)> {
-    let changed = |what: &str| {
-        fail(
-            ErrorShape::invalid(format!("session changed: {what} does not match"))
-                .with_details(json!({ "code": "SESSION_CHANGED" })),
-        )
-    };
-    if let Some(expected) = p.optional_non_empty("expectedSessionId").map_err(fail)?
-        && current.is_none_or(|s| s.session_id.to_string() != expected)
-    {
-        return Err(changed("expectedSessionId"));
-    }
+    use super::sessions::{check_session_id, session_changed as changed};
+    check_session_id(
+        current,
+        p.optional_non_empty("expectedSessionId").map_err(fail)?,
+    )?;
     for key in EXPECT_ABSENT {
         if p.value(key).is_some() {
             return Err(changed(key));

@@ -398,39 +398,51 @@ pub(super) async fn sessions_reset(call: &Call<'_>) -> Answer {
         .map_err(fail)?
         .unwrap_or("reset");
     let reason = reason.to_owned();
-    check_expected_session(
-        edge,
-        &key,
-        p.optional_non_empty("expectedSessionId").map_err(fail)?,
-    )
-    .await?;
+    let expected = p.optional_non_empty("expectedSessionId").map_err(fail)?;
+    let current = session_if(edge, &key, expected.is_some()).await?;
+    check_session_id(current.as_ref(), expected)?;
     let session = reset_session(edge, &key, &reason).await?;
     changed_after_reply(call, &key, Some(session.session_id.to_string()), reason);
     Ok(json!({ "ok": true, "key": key.as_str(), "entry": session_row(&session, &[]) }))
 }
 
-/// `expectedSessionId`: refuse if the session was reset or replaced since.
-async fn check_expected_session(
-    edge: &Arc<Edge>,
-    key: &SessionKey,
+/// `SESSION_CHANGED`: an expectation (`what`) about the session no
+/// longer holds.
+pub(super) fn session_changed(what: &str) -> (ErrorShape, Option<Value>) {
+    fail(
+        ErrorShape::invalid(format!("session changed: {what} does not match"))
+            .with_details(json!({ "code": "SESSION_CHANGED" })),
+    )
+}
+
+/// `expectedSessionId` against the session as it is now: refused if the
+/// session was reset or replaced since.
+pub(super) fn check_session_id(
+    current: Option<&Session>,
     expected: Option<&str>,
 ) -> Result<(), (ErrorShape, Option<Value>)> {
-    let Some(expected) = expected else {
-        return Ok(());
-    };
-    let current = edge
-        .backends
+    match expected {
+        Some(expected) if current.is_none_or(|s| s.session_id.to_string() != expected) => {
+            Err(session_changed("expectedSessionId"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The session's row when `needed` (an expectation or filter asks about it).
+async fn session_if(
+    edge: &Arc<Edge>,
+    key: &SessionKey,
+    needed: bool,
+) -> Result<Option<Session>, (ErrorShape, Option<Value>)> {
+    if !needed {
+        return Ok(None);
+    }
+    edge.backends
         .store
         .get_session(key)
         .await
-        .map_err(store_error)?;
-    match current {
-        Some(s) if s.session_id.to_string() == expected => Ok(()),
-        _ => Err(fail(
-            ErrorShape::invalid("session changed: expectedSessionId does not match")
-                .with_details(json!({ "code": "SESSION_CHANGED" })),
-        )),
-    }
+        .map_err(store_error)
 }
 
 pub(super) const SESSIONS_DELETE_KEYS: &[&str] = &[
@@ -471,38 +483,29 @@ pub(super) async fn sessions_delete(call: &Call<'_>) -> Answer {
         .map_err(fail)?;
     p.boolean("emitLifecycleHooks").map_err(fail)?;
     let delete_transcript = p.boolean("deleteTranscript").map_err(fail)?.unwrap_or(true);
-    check_expected_session(
-        edge,
-        &key,
-        p.optional_non_empty("expectedSessionId").map_err(fail)?,
-    )
-    .await?;
-    if let Some(at) = p.value("expectedSessionUpdatedAt") {
-        let at = at
-            .as_f64()
-            .filter(|n| *n >= 0.0)
-            .ok_or_else(|| fail(p.error("/expectedSessionUpdatedAt must be >= 0")))?;
-        let current = edge
-            .backends
-            .store
-            .get_session(&key)
-            .await
-            .map_err(store_error)?;
-        if current.is_some_and(|s| s.updated_at_ms as f64 != at) {
-            return Err(fail(
-                ErrorShape::invalid("session changed: expectedSessionUpdatedAt does not match")
-                    .with_details(json!({ "code": "SESSION_CHANGED" })),
-            ));
-        }
+    let expected_id = p.optional_non_empty("expectedSessionId").map_err(fail)?;
+    let expected_at = match p.value("expectedSessionUpdatedAt") {
+        None => None,
+        Some(at) => Some(
+            at.as_f64()
+                .filter(|n| *n >= 0.0)
+                .ok_or_else(|| fail(p.error("/expectedSessionUpdatedAt must be >= 0")))?,
+        ),
+    };
+    let archived_only = p.boolean("archivedOnly").map_err(fail)? == Some(true);
+    // One read serves every expectation and the archive check.
+    let needed = expected_id.is_some() || expected_at.is_some() || archived_only;
+    let current = session_if(edge, &key, needed).await?;
+    check_session_id(current.as_ref(), expected_id)?;
+    if let Some(at) = expected_at
+        && current
+            .as_ref()
+            .is_some_and(|s| s.updated_at_ms as f64 != at)
+    {
+        return Err(session_changed("expectedSessionUpdatedAt"));
     }
-    if p.boolean("archivedOnly").map_err(fail)? == Some(true) {
-        let session = edge
-            .backends
-            .store
-            .get_session(&key)
-            .await
-            .map_err(store_error)?;
-        let archived = session
+    if archived_only {
+        let archived = current
             .as_ref()
             .map(super::session_settings::settings_of)
             .is_some_and(|s| s.get("archived") == Some(&Value::Bool(true)));
