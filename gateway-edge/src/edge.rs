@@ -59,6 +59,8 @@ pub struct Edge {
     /// A fresh id per process (`hello-ok.server.bootId`): a client that
     /// sees it change knows the gateway restarted.
     pub boot_id: String,
+    /// This host's name (presence, `system.info`), read once at start.
+    pub hostname: String,
     /// When this process started, ms since the epoch (its presence entry).
     pub started_at_ms: i64,
     /// Bumped at each presence change (`snapshot.stateVersion.presence`).
@@ -152,6 +154,9 @@ impl Edge {
             started: Instant::now(),
             version: env!("CARGO_PKG_VERSION"),
             boot_id: uuid::Uuid::new_v4().to_string(),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "localhost".into()),
             started_at_ms: session_store_api::store::now_ms(),
             presence_version: AtomicU64::new(1),
             presence_pending: Default::default(),

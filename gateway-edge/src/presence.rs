@@ -16,9 +16,7 @@ use crate::edge::Edge;
 
 /// The presence list: the gateway first, then connections oldest first.
 pub fn list(edge: &Arc<Edge>) -> Vec<Value> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".into());
+    let host = &edge.hostname;
     let started = edge.started_at_ms;
     let mut entries = vec![json!({
         "host": host, "ip": host, "version": edge.version,

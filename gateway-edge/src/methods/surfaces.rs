@@ -178,7 +178,7 @@ pub(super) async fn system_info(call: &Call<'_>) -> Answer {
             .map(|s| s.trim().to_owned())
             .ok()
     };
-    let hostname = read("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".into());
+    let hostname = &call.edge.hostname;
     let release = read("/proc/sys/kernel/osrelease").unwrap_or_default();
     let meminfo = read("/proc/meminfo").unwrap_or_default();
     let mem_kib = |field: &str| {
