@@ -1,52 +1,150 @@
 //! A lean client of the gateway protocol v4 for load: the handshake, and
-//! requests matched to their answers by id while events are counted and
-//! the ones a scenario waits for are kept.
+//! requests matched to their answers by id while events are counted, the
+//! `chat` events of watched runs noted with their arrival time.
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// How long any one answer may take before the scenario fails.
+/// How long any one frame may take before the scenario fails.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The scopes of a client that sends.
+pub const READ_WRITE: &[&str] = &["operator.read", "operator.write"];
+/// The scopes of a client that only watches.
+pub const READ_ONLY: &[&str] = &["operator.read"];
+
+/// How a connection presents itself.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    pub scopes: &'static [&'static str],
+    /// The local address to connect from (a loopback alias, say).
+    pub source: Option<IpAddr>,
+    /// `client.instanceId` in `connect` (presence lists it).
+    pub instance_id: Option<String>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            scopes: READ_WRITE,
+            source: None,
+            instance_id: None,
+        }
+    }
+}
+
+/// A `chat` delta of a watched run, when it arrived.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    /// The run's number (its runId after the watched prefix).
+    pub run: u32,
+    pub seq: u64,
+    pub at: Instant,
+}
 
 pub struct Client {
     socket: Socket,
     next_id: u64,
     /// Events read while waiting for answers.
     pub events: u64,
+    /// The runId prefix of the runs whose `chat` events are noted.
+    watch: Option<String>,
+    /// Deltas of watched runs, in arrival order.
+    pub deltas: Vec<Arrival>,
+    /// Watched runs that ended (a `chat` final, aborted or error).
+    pub ended: usize,
+}
+
+/// The socket address a `ws://` URL names, of the family of `like`.
+pub async fn resolve(url: &str, like: Option<IpAddr>) -> anyhow::Result<SocketAddr> {
+    let request = url.into_client_request()?;
+    let uri = request.uri();
+    let host = uri.host().context("the URL has no host")?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = uri.port_u16().unwrap_or(80);
+    tokio::net::lookup_host((host, port))
+        .await
+        .with_context(|| format!("resolving {host}"))?
+        .find(|a| like.is_none_or(|l| l.is_ipv4() == a.is_ipv4()))
+        .with_context(|| format!("{host} has no address of the family wanted"))
 }
 
 impl Client {
-    /// Opens a socket and completes the handshake; the time from opening
-    /// the TCP connection to `hello-ok`.
+    /// Opens a socket and completes the handshake with read and write
+    /// scopes; the time from opening the TCP connection to `hello-ok`.
     pub async fn connect(url: &str, token: &str) -> anyhow::Result<(Self, Duration)> {
+        Self::connect_with(url, token, &ConnectOptions::default()).await
+    }
+
+    /// [`connect`](Self::connect) as `options` say. Sockets have Nagle off.
+    pub async fn connect_with(
+        url: &str,
+        token: &str,
+        options: &ConnectOptions,
+    ) -> anyhow::Result<(Self, Duration)> {
         let started = Instant::now();
-        let (socket, _) = tokio_tungstenite::connect_async(url)
-            .await
-            .with_context(|| format!("connecting to {url}"))?;
+        let socket = match options.source {
+            None => {
+                tokio_tungstenite::connect_async_with_config(url, None, true)
+                    .await
+                    .with_context(|| format!("connecting to {url}"))?
+                    .0
+            }
+            Some(source) => {
+                let address = resolve(url, Some(source)).await?;
+                let socket = match source {
+                    IpAddr::V4(_) => TcpSocket::new_v4()?,
+                    IpAddr::V6(_) => TcpSocket::new_v6()?,
+                };
+                socket
+                    .bind(SocketAddr::new(source, 0))
+                    .with_context(|| format!("binding a socket to {source}"))?;
+                let stream = socket
+                    .connect(address)
+                    .await
+                    .with_context(|| format!("connecting to {address} from {source}"))?;
+                stream.set_nodelay(true)?;
+                tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
+                    .await
+                    .with_context(|| format!("upgrading to a WebSocket at {url}"))?
+                    .0
+            }
+        };
         let mut client = Self {
             socket,
             next_id: 0,
             events: 0,
+            watch: None,
+            deltas: Vec::new(),
+            ended: 0,
         };
         let challenge = client.frame().await?;
         if challenge["event"] != "connect.challenge" {
             bail!("expected connect.challenge, got {challenge}");
         }
+        let mut info = json!({
+            "id": "gateway-client", "version": env!("CARGO_PKG_VERSION"),
+            "platform": std::env::consts::OS, "mode": "backend",
+        });
+        if let Some(instance) = &options.instance_id {
+            info["instanceId"] = json!(instance);
+        }
         let connect = json!({
             "type": "req", "id": "connect", "method": "connect",
             "params": {
-                "minProtocol": 4, "maxProtocol": 4,
-                "client": { "id": "gateway-client", "version": env!("CARGO_PKG_VERSION"), "platform": std::env::consts::OS, "mode": "backend" },
-                "role": "operator", "scopes": ["operator.read", "operator.write"],
+                "minProtocol": 4, "maxProtocol": 4, "client": info,
+                "role": "operator", "scopes": options.scopes,
                 "caps": [], "auth": { "token": token },
             },
         });
@@ -58,6 +156,11 @@ impl Client {
         Ok((client, started.elapsed()))
     }
 
+    /// Notes the `chat` events of runs whose runId is `prefix` + a number.
+    pub fn watch(&mut self, prefix: impl Into<String>) {
+        self.watch = Some(prefix.into());
+    }
+
     async fn send(&mut self, frame: &Value) -> anyhow::Result<()> {
         self.socket
             .send(Message::text(frame.to_string()))
@@ -65,14 +168,19 @@ impl Client {
             .context("sending a frame")
     }
 
-    /// The next JSON frame.
+    /// The next JSON frame (a watched run's `chat` event noted first).
     async fn frame(&mut self) -> anyhow::Result<Value> {
         loop {
             let message = tokio::time::timeout(ANSWER_TIMEOUT, self.socket.next())
                 .await
                 .context("no frame in time")?;
             match message {
-                Some(Ok(Message::Text(text))) => return Ok(serde_json::from_str(&text)?),
+                Some(Ok(Message::Text(text))) => {
+                    let at = Instant::now();
+                    let frame: Value = serde_json::from_str(&text)?;
+                    self.observe(&frame, at);
+                    return Ok(frame);
+                }
                 Some(Ok(Message::Close(close))) => {
                     bail!("the gateway closed the socket: {close:?}")
                 }
@@ -80,6 +188,28 @@ impl Client {
                 Some(Err(e)) => bail!("the socket failed: {e}"),
                 None => bail!("the socket ended"),
             }
+        }
+    }
+
+    fn observe(&mut self, frame: &Value, at: Instant) {
+        let Some(prefix) = &self.watch else { return };
+        if frame["event"] != "chat" {
+            return;
+        }
+        let payload = &frame["payload"];
+        let run = payload["runId"]
+            .as_str()
+            .and_then(|id| id.strip_prefix(prefix.as_str()))
+            .and_then(|n| n.parse::<u32>().ok());
+        let Some(run) = run else { return };
+        match payload["state"].as_str() {
+            Some("delta") => self.deltas.push(Arrival {
+                run,
+                seq: payload["seq"].as_u64().unwrap_or_default(),
+                at,
+            }),
+            Some("final" | "aborted" | "error") => self.ended += 1,
+            _ => {}
         }
     }
 
@@ -132,6 +262,27 @@ impl Client {
                 return Ok(from.elapsed());
             }
             self.events += 1;
+        }
+    }
+
+    /// Reads frames until `runs` watched runs ended.
+    pub async fn until_ended(&mut self, runs: usize) -> anyhow::Result<()> {
+        while self.ended < runs {
+            self.frame().await?;
+            self.events += 1;
+        }
+        Ok(())
+    }
+
+    /// Reads until the socket closes, handing every text frame to
+    /// `on_text` (no parsing, no time limit): an idle connection.
+    pub async fn idle(mut self, mut on_text: impl FnMut(&str)) {
+        while let Some(Ok(message)) = self.socket.next().await {
+            match message {
+                Message::Text(text) => on_text(&text),
+                Message::Close(_) => return,
+                _ => {}
+            }
         }
     }
 }

@@ -1,41 +1,133 @@
-//! Load scenarios against an OpenClaw-protocol gateway, each at several
-//! connection counts, with latency percentiles and rates:
+//! Load scenarios against an OpenClaw-protocol gateway, with latency
+//! percentiles and rates, and the floor each figure is to be read against.
 //!
-//! - `connect`: socket open → `hello-ok`, 16 handshakes at a time;
-//! - `health`: `health` round trips, each connection in a loop;
+//! # Scenarios
+//!
+//! The looping scenarios run at every `--connections` count, each
+//! connection on a task of its own, opened 16 handshakes at a time (a
+//! gateway limits the sockets one address may have mid-handshake):
+//!
+//! - `connect`: socket open → `hello-ok`, one sample per connection;
+//! - `health`: `health` round trips, each connection in a loop of
+//!   `--requests`;
 //! - `ack`: `chat.send` → its ACK, each connection on its own session, runs
 //!   executing meanwhile (each send a followup turn of the connection's
 //!   session);
 //! - `run`: `chat.send` → the run's `chat` final (a complete run).
 //!
-//! Nothing here knows clawgate: `--url` and `--token` point it at any
-//! gateway that speaks the protocol.
+//! The others run once:
+//!
+//! - `fanout`: `--watchers` connections with `operator.read` only, and one
+//!   sender with read and write, which sends `--requests` runs one after
+//!   the other. Every connection (the sender too) notes when each of those
+//!   runs' `chat` `delta` events arrives, keyed by runId and seq (the
+//!   `agent` assistant event that accompanies each is not counted again).
+//!   A delivery's latency is its arrival minus the earliest arrival of the
+//!   same event at any of the connections: the spread the fan-out adds from
+//!   the first socket to the last, not the time from the coordinator (no
+//!   clock in the protocol is finer than a millisecond). The earliest
+//!   arrival itself is not a sample, so `count` is watchers × deltas when
+//!   nothing was dropped (a shortfall is noted).
+//! - `idle`: `--idle` authenticated connections (`operator.read`) that only
+//!   read; the gateway process's `VmRSS` (`/proc/<pid>/status`, the pid from
+//!   `--edge-pid` or the suite) before opening them and once each has seen
+//!   the presence list that names the last one opened (the broadcasts of
+//!   the connect burst are out), divided by the connections: the marginal
+//!   resident memory per idle connection, including what the allocator
+//!   kept from the burst. To a loopback gateway the sockets come from
+//!   127.0.0.2–127.0.0.9 in turn, so ephemeral ports do not run out; a
+//!   socket limit (`RLIMIT_NOFILE`, in the bench or in the gateway) that
+//!   stops it is an error row that says how far it got.
+//! - `startup`: the all-in-one `clawgate` started on a fresh store (a temp
+//!   dir, or a fresh PostgreSQL database) with every listener on port 0;
+//!   spawn → the address line → its `/readyz` answers 200 (polled every
+//!   2 ms), `--startup-runs` times.
+//!
+//! # Floors
+//!
+//! Measured in the same run, in process on a tokio runtime of their own
+//! (two workers, like a service on this machine), with the same client and
+//! the same crates as the real path (tokio, tokio-tungstenite, tonic, the
+//! generated `clawgate-proto` messages, the embedded store):
+//!
+//! - (a) `ws echo`: a bare WebSocket server speaking the same frames: the
+//!   challenge, `hello-ok`, a `res` for every `req`, and for `chat.send` the
+//!   run played back (lifecycle, one `agent` + `chat` delta per echo chunk,
+//!   `--echo-pace` before each, the final) to every connection, as the edge
+//!   broadcasts. The floor of `connect`, `health` and `fanout`. (The edge's
+//!   `health` reads the store; the floor does not.)
+//! - (b) `ws+2 gRPC`: (a) whose `chat.send` first calls service A's
+//!   `RunCoordinator/Submit` over loopback, whose handler calls service B's
+//!   `SessionStore/CreateRun` over loopback, with the messages the edge and
+//!   the coordinator send (an owner token, the run spec as JSON) and
+//!   handlers that only answer (every other method is UNIMPLEMENTED).
+//! - (c) `ws+2 gRPC+commit`: (b) where B commits the run record in the
+//!   embedded store (`session-store`'s redb backend, fsync'd, its default
+//!   group commit) before answering, as admission does. The floor of
+//!   `chat.send ack` and of `complete run` (whose floor is thus admission
+//!   plus the echo's pacing, with none of execution's commits).
+//!
+//! `idle` and `startup` have no floor.
+//!
+//! # Modes
+//!
+//! `--url`/`--token` point the scenarios at any gateway that speaks the
+//! protocol (nothing there knows clawgate). `suite` starts the real
+//! topologies itself (see [`suite`]) and prints one table with the floors.
 
 pub mod client;
+pub mod floor;
+pub mod http;
+pub mod procs;
+pub mod scenarios;
+pub mod stats;
+pub mod stores;
+pub mod suite;
+pub mod table;
 
 use std::time::Duration;
 
-use futures::future::try_join_all;
-use futures::{StreamExt, TryStreamExt};
-use serde_json::json;
-use tokio::time::Instant;
-
-use client::Client;
+pub use scenarios::run;
+pub use stats::Stats;
+pub use table::{Outcome, Row, table};
 
 /// Handshakes in progress at once.
-const CONNECT_CONCURRENCY: usize = 16;
+pub const CONNECT_CONCURRENCY: usize = 16;
 
-/// What to run.
+/// The echo runtime's pacing: a reply in `chunks` pieces, `pace` before
+/// each (the coordinator's `--echo-chunks`, `--echo-pace`).
+#[derive(Debug, Clone, Copy)]
+pub struct Echo {
+    pub chunks: usize,
+    pub pace: Duration,
+}
+
+impl Default for Echo {
+    fn default() -> Self {
+        Self {
+            chunks: 4,
+            pace: Duration::from_millis(20),
+        }
+    }
+}
+
+/// What to run against one gateway.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub url: String,
     pub token: String,
     pub scenarios: Vec<Scenario>,
     pub connections: Vec<usize>,
-    /// Operations per connection in the looping scenarios.
+    /// Operations per connection in the looping scenarios; runs in `fanout`.
     pub requests: usize,
     /// Prefix of the session keys (one session per connection).
     pub session_prefix: String,
+    /// Read-only connections in `fanout`.
+    pub watchers: usize,
+    /// Connections `idle` opens.
+    pub idle: usize,
+    /// The gateway's process, for `idle`.
+    pub edge_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,176 +136,76 @@ pub enum Scenario {
     Health,
     Ack,
     Run,
+    Fanout,
+    Idle,
+    Startup,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [Self::Connect, Self::Health, Self::Ack, Self::Run];
+    pub const ALL: [Scenario; 7] = [
+        Self::Connect,
+        Self::Health,
+        Self::Ack,
+        Self::Run,
+        Self::Fanout,
+        Self::Idle,
+        Self::Startup,
+    ];
 
+    /// How it is written in `--scenarios`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Health => "health",
+            Self::Ack => "ack",
+            Self::Run => "run",
+            Self::Fanout => "fanout",
+            Self::Idle => "idle",
+            Self::Startup => "startup",
+        }
+    }
+
+    /// How it is named in the table.
     pub fn name(self) -> &'static str {
         match self {
             Self::Connect => "connect",
             Self::Health => "health",
             Self::Ack => "chat.send ack",
             Self::Run => "complete run",
+            Self::Fanout => "fanout delivery",
+            Self::Idle => "idle memory",
+            Self::Startup => "startup",
         }
     }
 
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "connect" => Some(Self::Connect),
-            "health" => Some(Self::Health),
-            "ack" => Some(Self::Ack),
-            "run" => Some(Self::Run),
-            _ => None,
-        }
+    pub fn parse(key: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.key() == key)
     }
-}
 
-/// One row of the report.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub scenario: Scenario,
-    pub connections: usize,
-    pub count: usize,
-    pub p50: Duration,
-    pub p90: Duration,
-    pub p99: Duration,
-    pub max: Duration,
-    /// Operations per second over the scenario's wall time.
-    pub rate: f64,
-}
+    /// Whether it runs at every connection count.
+    pub fn per_connection_count(self) -> bool {
+        matches!(self, Self::Connect | Self::Health | Self::Ack | Self::Run)
+    }
 
-impl Row {
-    fn new(
-        scenario: Scenario,
-        connections: usize,
-        mut samples: Vec<Duration>,
-        wall: Duration,
-    ) -> Self {
-        samples.sort_unstable();
-        let at = |q: f64| {
-            samples
-                .get(((samples.len() as f64 * q).ceil() as usize).saturating_sub(1))
-                .copied()
-                .unwrap_or_default()
-        };
-        Self {
-            scenario,
-            connections,
-            count: samples.len(),
-            p50: at(0.50),
-            p90: at(0.90),
-            p99: at(0.99),
-            max: samples.last().copied().unwrap_or_default(),
-            rate: samples.len() as f64 / wall.as_secs_f64().max(f64::EPSILON),
+    /// The floor its figures are read against.
+    pub fn floor(self) -> Option<floor::FloorKind> {
+        use floor::FloorKind;
+        match self {
+            Self::Connect | Self::Health | Self::Fanout => Some(FloorKind::Echo),
+            Self::Ack | Self::Run => Some(FloorKind::Commit),
+            Self::Idle | Self::Startup => None,
         }
     }
 }
 
-/// Runs every scenario of `plan` at every connection count, in order.
-pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Row>> {
-    let mut rows = Vec::new();
-    for &connections in &plan.connections {
-        for &scenario in &plan.scenarios {
-            rows.push(run_one(plan, scenario, connections).await?);
-        }
-    }
-    Ok(rows)
-}
-
-async fn run_one(plan: &Plan, scenario: Scenario, connections: usize) -> anyhow::Result<Row> {
-    let started = Instant::now();
-    // A gateway limits the sockets one address may have mid-handshake (the
-    // edge's --preauth-per-ip, 32): open them a batch at a time.
-    let opened: Vec<(Client, Duration)> = futures::stream::iter(0..connections)
-        .map(|_| Client::connect(&plan.url, &plan.token))
-        .buffer_unordered(CONNECT_CONCURRENCY)
-        .try_collect()
-        .await?;
-    if scenario == Scenario::Connect {
-        let samples = opened.iter().map(|(_, took)| *took).collect();
-        return Ok(Row::new(scenario, connections, samples, started.elapsed()));
-    }
-    let tag = uuid::Uuid::new_v4().simple().to_string();
-    let started = Instant::now();
-    let per_connection = opened.into_iter().enumerate().map(|(index, (client, _))| {
-        let session = format!("{}-{}-{index}", plan.session_prefix, &tag[..8]);
-        drive(client, scenario, plan.requests, session)
-    });
-    let samples: Vec<Duration> = try_join_all(per_connection)
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
-    Ok(Row::new(scenario, connections, samples, started.elapsed()))
-}
-
-/// One connection's part of a looping scenario.
-async fn drive(
-    mut client: Client,
-    scenario: Scenario,
-    requests: usize,
-    session: String,
-) -> anyhow::Result<Vec<Duration>> {
-    let mut samples = Vec::with_capacity(requests);
-    for n in 0..requests {
-        let send = || {
-            json!({
-                "sessionKey": session, "message": format!("bench message {n}"),
-                "idempotencyKey": format!("{session}-{n}"), "queueMode": "followup",
+/// Parses a comma-separated `--scenarios` list.
+pub fn parse_scenarios(keys: &[String]) -> anyhow::Result<Vec<Scenario>> {
+    keys.iter()
+        .map(|key| {
+            Scenario::parse(key).ok_or_else(|| {
+                let known: Vec<_> = Scenario::ALL.iter().map(|s| s.key()).collect();
+                anyhow::anyhow!("unknown scenario {key:?} ({})", known.join(", "))
             })
-        };
-        samples.push(match scenario {
-            Scenario::Health => client.request("health", json!({})).await?.1,
-            Scenario::Ack => client.request("chat.send", send()).await?.1,
-            Scenario::Run => {
-                let started = Instant::now();
-                client.request("chat.send", send()).await?;
-                client
-                    .until_chat_end(&format!("{session}-{n}"), started)
-                    .await?
-            }
-            Scenario::Connect => unreachable!("connect is measured at open"),
-        });
-    }
-    Ok(samples)
-}
-
-/// The rows as a table.
-pub fn table(rows: &[Row]) -> String {
-    let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1000.0);
-    let mut out = String::from(
-        "| scenario | connections | count | p50 ms | p90 ms | p99 ms | max ms | per second |\n|---|---|---|---|---|---|---|---|\n",
-    );
-    for row in rows {
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
-            row.scenario.name(),
-            row.connections,
-            row.count,
-            ms(row.p50),
-            ms(row.p90),
-            ms(row.p99),
-            ms(row.max),
-            row.rate
-        ));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_are_of_the_sorted_samples() {
-        let samples: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
-        let row = Row::new(Scenario::Health, 1, samples, Duration::from_secs(2));
-        assert_eq!(row.p50, Duration::from_millis(50));
-        assert_eq!(row.p90, Duration::from_millis(90));
-        assert_eq!(row.p99, Duration::from_millis(99));
-        assert_eq!(row.max, Duration::from_millis(100));
-        assert_eq!(row.count, 100);
-        assert!((row.rate - 50.0).abs() < 1e-9);
-    }
+        })
+        .collect()
 }

@@ -1,15 +1,42 @@
-//! `clawgate-bench`: load against an OpenClaw-protocol gateway; prints one
-//! Markdown table (see the library for the scenarios).
+//! `clawgate-bench`: load against an OpenClaw-protocol gateway (`--url`,
+//! `--token`), or `suite`: the real topologies started here, every
+//! scenario against each, the floors beside. Prints one Markdown table
+//! (see the library for the scenarios and the floors).
 
-use clap::Parser;
-use clawgate_bench::{Plan, Scenario, run, table};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use clawgate_bench::procs::{Settings, Topology};
+use clawgate_bench::scenarios::{Target, startup};
+use clawgate_bench::stores::{self, Backend};
+use clawgate_bench::suite::{self, SuitePlan};
+use clawgate_bench::{Echo, Plan, Row, Scenario, floor, parse_scenarios, scenarios, table};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "clawgate-bench",
-    about = "Load an OpenClaw-protocol gateway and report latencies and rates."
+    about = "Load an OpenClaw-protocol gateway and report latencies and rates beside their floors.",
+    args_conflicts_with_subcommands = true
 )]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    direct: Direct,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start the real topologies (from --bin-dir) on each backend, run every
+    /// scenario against each, measure the floors, print one table.
+    Suite(SuiteArgs),
+}
+
+/// Against a running gateway.
+#[derive(Debug, clap::Args)]
+struct Direct {
     /// The gateway's WebSocket URL.
     #[arg(
         long,
@@ -19,46 +46,239 @@ struct Args {
     url: String,
     /// The gateway's shared token.
     #[arg(long, env = "CLAWGATE_BENCH_TOKEN", hide_env_values = true)]
-    token: String,
-    /// Connection counts, comma-separated; each scenario runs at each.
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-    connections: Vec<usize>,
-    /// Scenarios, comma-separated: connect, health, ack, run.
-    #[arg(long, value_delimiter = ',', default_value = "connect,health,ack,run")]
-    scenarios: Vec<String>,
-    /// Operations per connection in health, ack and run.
+    token: Option<String>,
+    /// The gateway's process id (for idle: its VmRSS).
+    #[arg(long)]
+    edge_pid: Option<u32>,
+    /// Also measure the floors, beside the figures.
+    #[arg(long)]
+    floors: bool,
+    /// The all-in-one binary startup starts [default: clawgate beside this
+    /// binary].
+    #[arg(long)]
+    clawgate: Option<PathBuf>,
+    #[command(flatten)]
+    load: Load,
+}
+
+#[derive(Debug, clap::Args)]
+struct SuiteArgs {
+    /// Where clawgate, session-store, run-coordinator and gateway-edge are
+    /// [default: this binary's directory, e.g. target/release].
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Topologies, comma-separated: all-in-one, split.
+    #[arg(long, value_delimiter = ',', default_value = "all-in-one,split")]
+    topologies: Vec<String>,
+    /// Store backends, comma-separated: embedded, postgres.
+    #[arg(long, value_delimiter = ',', default_value = "embedded,postgres")]
+    backends: Vec<String>,
+    /// PostgreSQL for the postgres backend: a user that may create
+    /// databases (each system gets a fresh one, dropped after).
+    #[arg(
+        long,
+        env = "CLAWGATE_BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    postgres_url: String,
+    /// The edge's --preauth-per-ip.
+    #[arg(long, default_value_t = 256)]
+    preauth_per_ip: usize,
+    #[command(flatten)]
+    load: Load,
+}
+
+/// What to run, in either mode.
+#[derive(Debug, clap::Args)]
+struct Load {
+    /// Scenarios, comma-separated: connect, health, ack, run, fanout, idle,
+    /// startup [default: connect,health,ack,run; suite: all].
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Option<Vec<String>>,
+    /// Connection counts, comma-separated; each looping scenario runs at
+    /// each [default: 1,16,64; suite: 1,16,64,256].
+    #[arg(long, value_delimiter = ',')]
+    connections: Option<Vec<usize>>,
+    /// Operations per connection in health, ack and run; runs in fanout.
     #[arg(long, default_value_t = 100)]
     requests: usize,
+    /// Read-only connections in fanout.
+    #[arg(long, default_value_t = 1000)]
+    watchers: usize,
+    /// Connections idle opens.
+    #[arg(long, default_value_t = 10_000)]
+    idle: usize,
+    /// Starts startup measures.
+    #[arg(long, default_value_t = 10)]
+    startup_runs: usize,
+    /// The echo runtime's pieces per reply (the systems started here, and
+    /// the floors).
+    #[arg(long, default_value_t = 4)]
+    echo_chunks: usize,
+    /// The echo runtime's pause before each piece (e.g. 20ms).
+    #[arg(long, default_value = "20ms", value_parser = clawgate_common::parse_duration)]
+    echo_pace: Duration,
     /// Prefix of the session keys the load uses.
     #[arg(long, default_value = "bench")]
     session_prefix: String,
 }
 
+impl Load {
+    fn plan(&self, suite: bool, url: String, token: String) -> anyhow::Result<Plan> {
+        let scenarios = match &self.scenarios {
+            Some(keys) => parse_scenarios(keys)?,
+            None if suite => Scenario::ALL.to_vec(),
+            None => vec![
+                Scenario::Connect,
+                Scenario::Health,
+                Scenario::Ack,
+                Scenario::Run,
+            ],
+        };
+        let connections = match &self.connections {
+            Some(counts) => counts.clone(),
+            None if suite => vec![1, 16, 64, 256],
+            None => vec![1, 16, 64],
+        };
+        anyhow::ensure!(
+            connections.iter().all(|&n| n > 0) && self.requests > 0,
+            "--connections and --requests must be positive"
+        );
+        anyhow::ensure!(
+            self.watchers > 0 && self.idle > 0 && self.startup_runs > 0,
+            "--watchers, --idle and --startup-runs must be positive"
+        );
+        Ok(Plan {
+            url,
+            token,
+            scenarios,
+            connections,
+            requests: self.requests,
+            session_prefix: self.session_prefix.clone(),
+            watchers: self.watchers,
+            idle: self.idle,
+            edge_pid: None,
+        })
+    }
+
+    fn echo(&self) -> Echo {
+        Echo {
+            chunks: self.echo_chunks.max(1),
+            pace: self.echo_pace,
+        }
+    }
+
+    fn settings(&self, token: String, preauth_per_ip: usize, plan: &Plan) -> Settings {
+        let widest = plan.connections.iter().copied().max().unwrap_or(1);
+        let needed = plan.idle.max(widest).max(plan.watchers + 1) + 64;
+        Settings {
+            echo: self.echo(),
+            token,
+            max_connections: needed.max(20_000),
+            preauth_per_ip,
+        }
+    }
+}
+
+/// The directory of this binary (where cargo puts the others).
+fn own_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("this binary's path")?;
+    Ok(exe.parent().context("this binary's directory")?.to_owned())
+}
+
+async fn direct(args: Direct) -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
+    let token = args
+        .token
+        .context("--token (or CLAWGATE_BENCH_TOKEN) is required against a gateway")?;
+    let mut plan = args.load.plan(false, args.url.clone(), token.clone())?;
+    plan.edge_pid = args.edge_pid;
+    let target = Target::new("gateway", "—");
+    let floors = if args.floors {
+        floor::measure(&plan, args.load.echo()).await
+    } else {
+        Vec::new()
+    };
+    let mut rows = scenarios::run(&plan, &target).await;
+    if plan.scenarios.contains(&Scenario::Startup) {
+        let clawgate = match args.clawgate {
+            Some(path) => path,
+            None => own_dir()?.join("clawgate"),
+        };
+        let settings = args.load.settings(token, 32, &plan);
+        let runs = args.load.startup_runs;
+        rows.push(startup::measure(&clawgate, runs, &Backend::Embedded, &settings).await);
+    }
+    Ok((rows, floors))
+}
+
+async fn suite(args: SuiteArgs) -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let load = args.load.plan(true, String::new(), token.clone())?;
+    let topologies = args
+        .topologies
+        .iter()
+        .map(|name| {
+            Topology::parse(name)
+                .with_context(|| format!("unknown topology {name:?} (all-in-one, split)"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let backends = args
+        .backends
+        .iter()
+        .map(|name| match name.as_str() {
+            "embedded" => Ok(Backend::Embedded),
+            "postgres" => Ok(Backend::Postgres {
+                admin_url: args.postgres_url.clone(),
+            }),
+            other => anyhow::bail!("unknown backend {other:?} (embedded, postgres)"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let plan = SuitePlan {
+        settings: args.load.settings(token, args.preauth_per_ip, &load),
+        load,
+        bin_dir: match args.bin_dir {
+            Some(dir) => dir,
+            None => own_dir()?,
+        },
+        topologies,
+        backends,
+        startup_runs: args.load.startup_runs,
+    };
+    Ok(suite::run(&plan).await)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let scenarios = args
-        .scenarios
-        .iter()
-        .map(|name| {
-            Scenario::parse(name).ok_or_else(|| {
-                anyhow::anyhow!("unknown scenario {name:?} (connect, health, ack, run)")
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    anyhow::ensure!(
-        args.connections.iter().all(|&n| n > 0) && args.requests > 0,
-        "--connections and --requests must be positive"
-    );
-    let plan = Plan {
-        url: args.url,
-        token: args.token,
-        scenarios,
-        connections: args.connections,
-        requests: args.requests,
-        session_prefix: args.session_prefix,
+    let work = async {
+        match args.command {
+            Some(Command::Suite(suite_args)) => suite(suite_args).await,
+            None => direct(args.direct).await,
+        }
     };
-    let rows = run(&plan).await?;
-    print!("{}", table(&rows));
+    // An interrupt drops the work (its processes are killed with it) and
+    // then the databases it made.
+    let outcome = tokio::select! {
+        outcome = work => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    stores::drop_leftovers().await;
+    let (rows, floors) = outcome?;
+    print!("{}", table(&rows, &floors));
+    let failed: Vec<&Row> = rows.iter().chain(&floors).filter(|r| r.failed()).collect();
+    for row in &failed {
+        if let clawgate_bench::Outcome::Failed(error) = &row.outcome {
+            eprintln!(
+                "{} on {} ({}): {error}",
+                row.scenario.name(),
+                row.topology,
+                row.backend
+            );
+        }
+    }
+    if !failed.is_empty() {
+        eprintln!("{} rows could not be measured", failed.len());
+        std::process::exit(1);
+    }
     Ok(())
 }

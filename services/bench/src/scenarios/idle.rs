@@ -1,0 +1,221 @@
+//! `idle`: the gateway's resident memory per idle authenticated
+//! connection (see the crate's documentation).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use super::Target;
+use crate::client::{Client, ConnectOptions, READ_ONLY, resolve};
+use crate::procs::{open_files_limit, vm_rss_kib};
+use crate::{CONNECT_CONCURRENCY, Outcome, Plan, Scenario, http};
+
+/// Local addresses the sockets to a loopback gateway come from, in turn.
+const SOURCES: std::ops::RangeInclusive<u8> = 2..=9;
+/// Sockets the bench and the gateway need besides the idle ones.
+const FD_MARGIN: u64 = 200;
+/// How long the presence broadcasts of the burst may take to arrive, and
+/// the gateway to close the sockets after.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// What `idle` measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Memory {
+    pub opened: usize,
+    pub before_kib: u64,
+    pub after_kib: u64,
+}
+
+impl Memory {
+    pub fn per_connection_kib(&self) -> f64 {
+        self.after_kib.saturating_sub(self.before_kib) as f64 / self.opened.max(1) as f64
+    }
+}
+
+pub async fn measure(plan: &Plan, target: &Target) -> crate::Row {
+    let (outcome, note) = match hold(plan).await {
+        Ok((memory, note)) => (Outcome::Memory(memory), note),
+        Err(e) => (Outcome::Failed(format!("{e:#}")), String::new()),
+    };
+    target.row(Scenario::Idle, Some(plan.idle), outcome, note)
+}
+
+/// The limits on open files of the bench and of `pid`, for messages.
+fn limits(pid: u32) -> String {
+    let show = |limit: anyhow::Result<(u64, u64)>| match limit {
+        Ok((soft, hard)) => format!("{soft} (hard {hard})"),
+        Err(_) => "unknown".into(),
+    };
+    format!(
+        "RLIMIT_NOFILE: bench {}, gateway {}",
+        show(open_files_limit(None)),
+        show(open_files_limit(Some(pid)))
+    )
+}
+
+/// The source addresses for sockets to `url`: loopback aliases when the
+/// gateway is on IPv4 loopback, else none (the system picks).
+async fn sources(url: &str) -> Vec<Option<IpAddr>> {
+    match resolve(url, None).await {
+        Ok(address) if address.ip().is_loopback() && address.is_ipv4() => SOURCES
+            .map(|n| Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))))
+            .collect(),
+        _ => vec![None],
+    }
+}
+
+async fn hold(plan: &Plan) -> anyhow::Result<(crate::scenarios::idle::Memory, String)> {
+    let pid = plan
+        .edge_pid
+        .ok_or_else(|| anyhow::anyhow!("no gateway process to read VmRSS of (give --edge-pid)"))?;
+    let wanted = plan.idle;
+    for (whose, limit) in [
+        ("the bench", open_files_limit(None)),
+        ("the gateway", open_files_limit(Some(pid))),
+    ] {
+        if let Ok((soft, hard)) = limit
+            && wanted as u64 + FD_MARGIN > soft
+        {
+            anyhow::bail!(
+                "{wanted} idle connections need as many sockets in {whose}, whose RLIMIT_NOFILE \
+                 is {soft} (hard {hard}; raising the hard limit needs privileges)"
+            );
+        }
+    }
+    let gauge_before = http::connections_open(&plan.url).await;
+    let before_kib = vm_rss_kib(pid)?;
+    let sources = sources(&plan.url).await;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let marker = format!("bench-idle-{}-", &tag[..8]);
+    // For each connection: 1 + the highest connection number it has seen
+    // in a presence list (0: none yet).
+    let seen: Arc<Vec<AtomicUsize>> = Arc::new((0..wanted).map(|_| AtomicUsize::new(0)).collect());
+    let mut opening = futures::stream::iter(0..wanted)
+        .map(|index| {
+            let options = ConnectOptions {
+                scopes: READ_ONLY,
+                source: sources[index % sources.len()],
+                instance_id: Some(format!("{marker}{index}")),
+            };
+            let url = plan.url.clone();
+            let token = plan.token.clone();
+            async move { (index, Client::connect_with(&url, &token, &options).await) }
+        })
+        .buffer_unordered(CONNECT_CONCURRENCY);
+    let mut readers = Vec::with_capacity(wanted);
+    let mut failure = None;
+    while let Some((index, opened)) = opening.next().await {
+        match opened {
+            Ok((client, _)) => {
+                let (seen, marker) = (seen.clone(), marker.clone());
+                readers.push(tokio::spawn(client.idle(move |text| {
+                    if let Some(highest) = highest_listed(text, &marker) {
+                        seen[index].fetch_max(highest + 1, Ordering::Relaxed);
+                    }
+                })));
+            }
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    drop(opening);
+    let opened = readers.len();
+    let result = match failure {
+        Some(e) => Err(anyhow::anyhow!(
+            "opened {opened} of {wanted} idle connections, then: {e:#} ({})",
+            limits(pid)
+        )),
+        None => {
+            // Every connection has seen the list that names the last one
+            // opened (the highest number: the last one started).
+            let deadline = Instant::now() + SETTLE;
+            let behind = loop {
+                let behind = (0..opened)
+                    .filter(|&i| seen[i].load(Ordering::Relaxed) < wanted)
+                    .count();
+                if behind == 0 || Instant::now() > deadline {
+                    break behind;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let after_kib = vm_rss_kib(pid)?;
+            let memory = Memory {
+                opened,
+                before_kib,
+                after_kib,
+            };
+            let mut note = format!(
+                "gateway VmRSS {:.1} → {:.1} MiB: {:.2} KiB per connection",
+                before_kib as f64 / 1024.0,
+                after_kib as f64 / 1024.0,
+                memory.per_connection_kib()
+            );
+            if behind > 0 {
+                note.push_str(&format!(
+                    "; {behind} connections never saw the last presence list"
+                ));
+            }
+            Ok((memory, note))
+        }
+    };
+    for reader in &readers {
+        reader.abort();
+    }
+    // Later scenarios start once the gateway has let these go.
+    if let Some(before) = gauge_before {
+        let deadline = Instant::now() + SETTLE;
+        while http::connections_open(&plan.url)
+            .await
+            .is_some_and(|open| open > before)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    result
+}
+
+/// The highest `N` of `marker` + `N` in a presence event, if any.
+fn highest_listed(text: &str, marker: &str) -> Option<usize> {
+    if !text.contains(r#""event":"presence""#) {
+        return None;
+    }
+    text.match_indices(marker)
+        .filter_map(|(at, _)| {
+            let digits: String = text[at + marker.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_highest_listed_connection_of_presence_events() {
+        let presence = r#"{"type":"event","event":"presence","payload":{"presence":[{"instanceId":"m-3"},{"instanceId":"m-12"},{"instanceId":"other-99"}]},"seq":4}"#;
+        assert_eq!(highest_listed(presence, "m-"), Some(12));
+        let tick = r#"{"type":"event","event":"tick","payload":{"instanceId":"m-40"}}"#;
+        assert_eq!(highest_listed(tick, "m-"), None);
+    }
+
+    #[test]
+    fn memory_is_per_connection() {
+        let memory = Memory {
+            opened: 4,
+            before_kib: 100,
+            after_kib: 110,
+        };
+        assert!((memory.per_connection_kib() - 2.5).abs() < 1e-9);
+    }
+}

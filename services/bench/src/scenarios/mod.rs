@@ -1,0 +1,150 @@
+//! The scenarios against one gateway, as table rows (see the crate's
+//! documentation for what each measures).
+
+pub mod fanout;
+pub mod idle;
+pub mod startup;
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::client::{Client, ConnectOptions};
+use crate::{CONNECT_CONCURRENCY, Outcome, Plan, Row, Scenario, Stats};
+
+/// Where rows were measured: the table's topology and backend columns.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub topology: String,
+    pub backend: String,
+}
+
+impl Target {
+    pub fn new(topology: impl Into<String>, backend: impl Into<String>) -> Self {
+        Self {
+            topology: topology.into(),
+            backend: backend.into(),
+        }
+    }
+
+    pub fn row(
+        &self,
+        scenario: Scenario,
+        connections: Option<usize>,
+        outcome: Outcome,
+        note: impl Into<String>,
+    ) -> Row {
+        Row {
+            scenario,
+            topology: self.topology.clone(),
+            backend: self.backend.clone(),
+            connections,
+            outcome,
+            note: note.into(),
+        }
+    }
+}
+
+/// Runs the gateway scenarios of `plan` (all but `startup`, which starts
+/// its own processes): `idle` first, while the gateway's memory is that
+/// of a fresh process; then every looping scenario at every connection
+/// count; then `fanout`. A scenario that fails is a row saying so.
+pub async fn run(plan: &Plan, target: &Target) -> Vec<Row> {
+    let mut rows = Vec::new();
+    if plan.scenarios.contains(&Scenario::Idle) {
+        rows.push(idle::measure(plan, target).await);
+    }
+    for &connections in &plan.connections {
+        for &scenario in plan.scenarios.iter().filter(|s| s.per_connection_count()) {
+            let outcome = match looping(plan, scenario, connections).await {
+                Ok(stats) => Outcome::Latency(stats),
+                Err(e) => Outcome::Failed(format!("{e:#}")),
+            };
+            rows.push(target.row(scenario, Some(connections), outcome, ""));
+        }
+    }
+    if plan.scenarios.contains(&Scenario::Fanout) {
+        rows.push(fanout::measure(plan, target).await);
+    }
+    rows
+}
+
+/// Opens `count` connections, [`CONNECT_CONCURRENCY`] handshakes at a
+/// time, each as `options(index)` says; each with its handshake time.
+pub async fn connect_many(
+    url: &str,
+    token: &str,
+    count: usize,
+    options: impl Fn(usize) -> ConnectOptions,
+) -> anyhow::Result<Vec<(Client, Duration)>> {
+    futures::stream::iter(0..count)
+        .map(|index| {
+            let options = options(index);
+            async move { Client::connect_with(url, token, &options).await }
+        })
+        .buffer_unordered(CONNECT_CONCURRENCY)
+        .try_collect()
+        .await
+}
+
+async fn looping(plan: &Plan, scenario: Scenario, connections: usize) -> anyhow::Result<Stats> {
+    let started = Instant::now();
+    let opened = connect_many(&plan.url, &plan.token, connections, |_| {
+        ConnectOptions::default()
+    })
+    .await?;
+    if scenario == Scenario::Connect {
+        let samples = opened.iter().map(|(_, took)| *took).collect();
+        return Ok(Stats::of(samples, started.elapsed()));
+    }
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let started = Instant::now();
+    // A task per connection, so that reading the events every connection
+    // gets is spread over the runtime's threads.
+    let tasks: Vec<_> = opened
+        .into_iter()
+        .enumerate()
+        .map(|(index, (client, _))| {
+            let session = format!("{}-{}-{index}", plan.session_prefix, &tag[..8]);
+            tokio::spawn(drive(client, scenario, plan.requests, session))
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(connections * plan.requests);
+    for task in tasks {
+        samples.extend(task.await??);
+    }
+    Ok(Stats::of(samples, started.elapsed()))
+}
+
+/// One connection's part of a looping scenario.
+async fn drive(
+    mut client: Client,
+    scenario: Scenario,
+    requests: usize,
+    session: String,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(requests);
+    for n in 0..requests {
+        let send = || {
+            json!({
+                "sessionKey": session, "message": format!("bench message {n}"),
+                "idempotencyKey": format!("{session}-{n}"), "queueMode": "followup",
+            })
+        };
+        samples.push(match scenario {
+            Scenario::Health => client.request("health", json!({})).await?.1,
+            Scenario::Ack => client.request("chat.send", send()).await?.1,
+            Scenario::Run => {
+                let started = Instant::now();
+                client.request("chat.send", send()).await?;
+                client
+                    .until_chat_end(&format!("{session}-{n}"), started)
+                    .await?
+            }
+            other => unreachable!("{other:?} is not a looping scenario"),
+        });
+    }
+    Ok(samples)
+}
