@@ -12,8 +12,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use session_store_api::StoreError;
 use session_store_api::model::{
-    AcquireMode, AcquireWriter, AppendEntries, EntryMetadata, ExpectedSession, HistoryCursor,
-    HistoryQuery, NewEntry, RunUpdate,
+    AcquireMode, AppendEntries, EntryMetadata, HeldFence, NewEntry, RunUpdate, StartRun,
 };
 use session_store_api::store::now_ms;
 use tokio::time::Instant;
@@ -30,6 +29,26 @@ use crate::trace;
 pub(crate) struct Held {
     session_id: uuid::Uuid,
     fence: u64,
+}
+
+impl Held {
+    fn fence(&self) -> HeldFence {
+        HeldFence {
+            session_id: self.session_id,
+            fence_token: self.fence,
+        }
+    }
+}
+
+/// A run's last write, made with its terminal record in one commit
+/// (`SessionStore::finish_run`): the entries to append under its fence,
+/// and the slot to release.
+pub(crate) struct LastWrite {
+    pub(crate) fence: HeldFence,
+    pub(crate) entries: Vec<NewEntry>,
+    /// The run decided `ok` on the strength of these entries: if the fence
+    /// turns out stale they cannot be written, and the run was superseded.
+    pub(crate) decided_ok: bool,
 }
 
 /// The assistant turn as it builds up.
@@ -160,34 +179,41 @@ impl Inner {
     pub(crate) async fn execute(self: Arc<Self>, run: Arc<Run>) {
         let span = trace::execute_span(&run);
         async {
-            let held = self.drive(&run).await;
-            if let Some(held) = held {
-                // Best effort: the slot is conditional on (run, fence), and a
-                // stale release changes nothing.
-                let _ = self
-                    .store
-                    .release_writer(
-                        &run.key,
-                        &run.id,
-                        held.fence,
-                        self.owner_token(&run.key).as_ref(),
-                    )
-                    .await;
-            }
-            self.finish(&run).await;
+            let last = self.drive(&run).await;
+            self.finish_with(&run, last).await;
         }
         .instrument(span)
         .await;
         trace::execution_done(&run);
     }
 
-    /// Runs the turn. Returns the fence if it took one. Every way out leaves
-    /// a decision on the run (or one was made by a cancel or supersede).
-    async fn drive(&self, run: &Arc<Run>) -> Option<Held> {
-        if let Err(err) = self.mark_running(run).await {
-            run.decide(Decision::failed("store", err.to_string()));
+    /// Runs the turn. Returns the run's last write if it took the fence.
+    /// Every way out leaves a decision on the run (or one was made by a
+    /// cancel or supersede).
+    async fn drive(&self, run: &Arc<Run>) -> Option<LastWrite> {
+        if run.cancel.is_cancelled() {
             return None;
         }
+        let (held, history) = match self
+            .start(run)
+            .instrument(tracing::info_span!(
+                "run.start",
+                session.id = tracing::field::Empty,
+                fence.token = tracing::field::Empty,
+            ))
+            .await
+        {
+            Ok(started) => started,
+            Err(decision) => {
+                run.decide(decision);
+                return None;
+            }
+        };
+        let only_release = |held: &Held| LastWrite {
+            fence: held.fence(),
+            entries: Vec::new(),
+            decided_ok: false,
+        };
         self.emit(
             run,
             EventBody::Lifecycle {
@@ -197,31 +223,6 @@ impl Inner {
                 error: None,
             },
         );
-        if run.cancel.is_cancelled() {
-            return None;
-        }
-        let held = match self
-            .take_fence(run)
-            .instrument(tracing::info_span!(
-                "run.acquire_fence",
-                session.id = tracing::field::Empty,
-                fence.token = tracing::field::Empty,
-            ))
-            .await
-        {
-            Ok(held) => held,
-            Err(decision) => {
-                run.decide(decision);
-                return None;
-            }
-        };
-        let user_seq = match self.append(run, &held, user_entry(&run.spec)).await {
-            Ok(seq) => seq,
-            Err(decision) => {
-                run.decide(decision);
-                return Some(held);
-            }
-        };
         // Collected runs: each message its own entry, after the carrier's.
         let collected: Vec<Arc<Run>> = run
             .state()
@@ -233,15 +234,19 @@ impl Inner {
         for companion in &collected {
             if let Err(decision) = self.carry(run, &held, companion).await {
                 run.decide(decision);
-                return Some(held);
+                return Some(only_release(&held));
             }
         }
         let turn = self
-            .stream_runtime(run, &held, user_seq)
+            .stream_runtime(run, &held, history)
             .instrument(tracing::info_span!("run.runtime"))
             .await;
-        self.record_turn(run, &held, &turn).await;
-        Some(held)
+        let (entries, decided_ok) = self.last_entries(run, &turn);
+        Some(LastWrite {
+            fence: held.fence(),
+            entries,
+            decided_ok,
+        })
     }
 
     pub(crate) async fn mark_running(&self, run: &Run) -> Result<(), StoreError> {
@@ -272,25 +277,34 @@ impl Inner {
         Ok(())
     }
 
-    /// AcquireWriter by CAS; `interrupt` takes the slot over. A slot held by
-    /// a run that is already over (a crash leftover) is taken over too.
-    async fn take_fence(&self, run: &Run) -> Result<Held, Decision> {
-        let request = |mode, expected_writer| AcquireWriter {
-            key: run.key.clone(),
-            expected_session: ExpectedSession::Current,
-            expected_writer,
-            run_id: run.id.clone(),
-            mode,
-            label: run.spec.label.clone(),
-            owner_token: self.owner_token(&run.key),
-        };
+    /// The run's start, one commit (`SessionStore::start_run`): running,
+    /// the writer fence (by CAS; `interrupt` takes the slot over, and a slot
+    /// held by a run that is already over, a crash leftover, is taken over
+    /// too) and the user turn. Returns the fence and the history before the
+    /// user turn, for the runtime (collected messages, appended after, are
+    /// part of the turn, not of its history).
+    async fn start(&self, run: &Run) -> Result<(Held, Vec<HistoryMessage>), Decision> {
         let mode = if run.spec.queue_mode == QueueMode::Interrupt {
             AcquireMode::Takeover
         } else {
             AcquireMode::Cas
         };
-        let acquired = match self.store.acquire_writer(request(mode, None)).await {
-            Ok(acquired) => acquired,
+        let version = run.state().record_version;
+        let request = |mode, expected_writer| StartRun {
+            run_id: run.id.clone(),
+            key: run.key.clone(),
+            expected_version: version,
+            owner: self.epoch.clone(),
+            mode,
+            expected_writer,
+            label: run.spec.label.clone(),
+            entries: vec![user_entry(&run.spec)],
+            history_limit: self.config.history_entries,
+            owner_token: self.owner_token(&run.key),
+        };
+        let store_failure = |err: StoreError| Decision::failed("store", err.to_string());
+        let started = match self.store.start_run(request(mode, None)).await {
+            Ok(started) => started,
             Err(StoreError::WriterConflict { current, .. }) => {
                 let holder = current.and_then(|s| s.active_writer_run_id);
                 let holder_over = match &holder {
@@ -309,24 +323,40 @@ impl Inner {
                     ));
                 }
                 self.store
-                    .acquire_writer(request(AcquireMode::Cas, holder))
+                    .start_run(request(AcquireMode::Cas, holder))
                     .await
-                    .map_err(|e| Decision::failed("store", e.to_string()))?
+                    .map_err(store_failure)?
             }
-            Err(err) => return Err(Decision::failed("store", err.to_string())),
+            Err(err) => return Err(store_failure(err)),
         };
+        let acquired = &started.acquired;
         trace::record_fence(
             run,
             &acquired.session.session_id.to_string(),
             acquired.fence_token,
         );
-        let mut state = run.state();
-        state.session_id = Some(acquired.session.session_id.to_string());
-        state.fence_token = Some(acquired.fence_token);
-        Ok(Held {
+        {
+            let mut state = run.state();
+            state.status = RunStatus::Running;
+            state.record_version = started.record.version;
+            state.started_at_ms = started.record.started_at_ms;
+            state.session_id = Some(acquired.session.session_id.to_string());
+            state.fence_token = Some(acquired.fence_token);
+        }
+        trace::status_event(run, RunStatus::Running);
+        let held = Held {
             session_id: acquired.session.session_id,
             fence: acquired.fence_token,
-        })
+        };
+        let history = started
+            .history
+            .into_iter()
+            .map(|e| HistoryMessage {
+                role: e.role,
+                content_json: e.content_json,
+            })
+            .collect();
+        Ok((held, history))
     }
 
     /// Appends one entry with the fence; a stale fence means superseded.
@@ -356,33 +386,14 @@ impl Inner {
             })
     }
 
-    async fn history(&self, run: &Run, held: &Held, user_seq: u64) -> Vec<HistoryMessage> {
-        let query = HistoryQuery {
-            key: run.key.clone(),
-            limit: self.config.history_entries.max(1),
-            cursor: HistoryCursor::Before(user_seq),
-            max_chars: None,
-            session_id: Some(held.session_id),
-        };
-        match self.store.history(query).await {
-            Ok(page) => page
-                .entries
-                .into_iter()
-                .map(|e| HistoryMessage {
-                    role: e.role,
-                    content_json: e.content_json,
-                })
-                .collect(),
-            Err(err) => {
-                tracing::warn!(run.id = %run.id, error = %err, "history for the runtime unavailable");
-                Vec::new()
-            }
-        }
-    }
-
     /// Streams the runtime until it finishes, fails, times out or the run is
     /// cancelled. Leaves a decision on the run unless it finished normally.
-    async fn stream_runtime(&self, run: &Arc<Run>, held: &Held, user_seq: u64) -> Turn {
+    async fn stream_runtime(
+        &self,
+        run: &Arc<Run>,
+        held: &Held,
+        history: Vec<HistoryMessage>,
+    ) -> Turn {
         let timeout = run.spec.timeout_ms.map_or(
             self.config.default_run_timeout,
             std::time::Duration::from_millis,
@@ -417,7 +428,7 @@ impl Inner {
             session_key: run.key.as_str().to_owned(),
             session_id: held.session_id.to_string(),
             message,
-            history: self.history(run, held, user_seq).await,
+            history,
             options: run.spec.options.clone(),
             deadline_ms: Some(deadline_ms),
             inputs: run.inputs.clone(),
@@ -587,63 +598,49 @@ impl Inner {
         );
     }
 
-    /// Writes the assistant turn: complete on success (which decides `ok`),
-    /// or the partial text marked aborted when the run was stopped.
-    async fn record_turn(&self, run: &Run, held: &Held, turn: &Turn) {
+    /// The assistant turn to write with the terminal record: complete when
+    /// the runtime finished (which decides `ok`), or the partial text marked
+    /// aborted when the run was stopped. Returns the entries and whether
+    /// this decided `ok`.
+    fn last_entries(&self, run: &Run, turn: &Turn) -> (Vec<NewEntry>, bool) {
         let usage_json = turn
             .usage
             .as_ref()
             .and_then(|u| serde_json::to_string(u).ok());
-        match run.decided() {
-            None => {
-                let stop_reason = run
-                    .state()
-                    .outcome
-                    .stop_reason
-                    .clone()
-                    .unwrap_or_else(|| "stop".into());
+        if run.decided().is_none() {
+            let stop_reason = run
+                .state()
+                .outcome
+                .stop_reason
+                .clone()
+                .unwrap_or_else(|| "stop".into());
+            let decided_ok = run.decide(Decision {
+                stop_reason: Some(stop_reason.clone()),
+                ..Decision::status(RunStatus::Ok)
+            });
+            if decided_ok {
                 let metadata = EntryMetadata {
-                    stop_reason: Some(stop_reason.clone()),
+                    stop_reason: Some(stop_reason),
                     usage_json,
                     aborted: false,
                 };
                 let entry = text_entry("assistant", turn.content_json(), metadata);
-                match self.append(run, held, entry).await {
-                    Ok(_) => {
-                        run.decide(Decision {
-                            stop_reason: Some(stop_reason),
-                            ..Decision::status(RunStatus::Ok)
-                        });
-                    }
-                    Err(decision) => {
-                        run.decide(decision);
-                    }
-                }
+                return (vec![entry], true);
             }
+        }
+        match run.decided() {
             Some(decision)
-                if decision.status != RunStatus::Superseded && !turn.content_json().eq("[]") =>
+                if decision.status != RunStatus::Superseded && turn.content_json() != "[]" =>
             {
                 let metadata = EntryMetadata {
-                    stop_reason: Some(
-                        decision
-                            .stop_reason
-                            .clone()
-                            .unwrap_or_else(|| "error".into()),
-                    ),
+                    stop_reason: Some(decision.stop_reason.unwrap_or_else(|| "error".into())),
                     usage_json,
                     aborted: true,
                 };
-                // A partial turn that can no longer be written is lost with
-                // its writer's authority; the decision stands either way.
-                let _ = self
-                    .append(
-                        run,
-                        held,
-                        text_entry("assistant", turn.content_json(), metadata),
-                    )
-                    .await;
+                let entry = text_entry("assistant", turn.content_json(), metadata);
+                (vec![entry], false)
             }
-            Some(_) => {}
+            _ => (Vec::new(), false),
         }
     }
 }

@@ -77,6 +77,12 @@ impl SessionStore for FencedStore {
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
         self.seen(self.inner.update_run(update).await)
     }
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        self.seen(self.inner.start_run(req).await)
+    }
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        self.seen(self.inner.finish_run(req).await)
+    }
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
         self.inner.get_run(run_id).await
     }

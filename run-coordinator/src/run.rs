@@ -226,6 +226,13 @@ impl Run {
         true
     }
 
+    /// Replaces the decision: only the terminal path does this, before the
+    /// decision is durable or visible (a run that decided `ok` and then
+    /// found its fence stale was superseded).
+    pub fn overrule(&self, decision: Decision) {
+        self.state().decided = Some(decision);
+    }
+
     pub fn decided(&self) -> Option<Decision> {
         self.state().decided.clone()
     }

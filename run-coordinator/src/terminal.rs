@@ -4,13 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use session_store_api::model::RunUpdate;
+use session_store_api::model::{FinishRun, RunUpdate};
 use session_store_api::store::now_ms;
 use session_store_api::{SessionStore, StoreError};
 use tokio::time::Instant;
 
 use crate::coordinator::{Inner, spec_of};
 use crate::events::{EventBody, LifecyclePhase};
+use crate::executor::LastWrite;
 use crate::model::*;
 use crate::run::{Decision, Phase, Run};
 use crate::trace;
@@ -20,21 +21,19 @@ impl Inner {
     /// crash cannot take back what a waiter saw), emit the end event, publish
     /// the snapshot and free the lane.
     pub(crate) async fn finish(self: &Arc<Self>, run: &Arc<Run>) {
+        self.finish_with(run, None).await;
+    }
+
+    /// `finish`, writing the run's last entries and releasing its fence in
+    /// the terminal record's commit.
+    pub(crate) async fn finish_with(self: &Arc<Self>, run: &Arc<Run>, last: Option<LastWrite>) {
         let decision = run
             .decided()
             .unwrap_or_else(|| Decision::failed("internal", "the run ended without a decision"));
-        {
-            let mut state = run.state();
-            state.phase = Phase::Finishing;
-            state.status = decision.status;
-            state.ended_at_ms = Some(now_ms());
-            if decision.stop_reason.is_some() {
-                state.outcome.stop_reason = decision.stop_reason.clone();
-            }
-            state.outcome.error = decision.error.clone();
-            state.outcome.superseded_by = decision.superseded_by.clone();
-        }
-        self.persist_terminal(run).await;
+        run.state().phase = Phase::Finishing;
+        settle(run, &decision);
+        self.persist_terminal(run, last).await;
+        let decision = run.decided().unwrap_or(decision);
         let (status, outcome) = {
             let state = run.state();
             (state.status, state.outcome.clone())
@@ -110,26 +109,36 @@ impl Inner {
         }
     }
 
-    /// Writes the terminal record, retrying while the store is unavailable.
-    /// If the store already holds a terminal (recovery elsewhere decided
-    /// first), that one is adopted: terminal is final in the store too.
-    async fn persist_terminal(&self, run: &Run) {
+    /// Writes the terminal record (with the run's last entries and the
+    /// release of its fence, in one commit), retrying while the store is
+    /// unavailable. If the store already holds a terminal (recovery
+    /// elsewhere decided first), that one is adopted: terminal is final in
+    /// the store too. If the fence is stale, the entries cannot be written:
+    /// the terminal goes alone, and a run that decided `ok` on them was
+    /// superseded instead.
+    async fn persist_terminal(&self, run: &Run, mut last: Option<LastWrite>) {
         let mut backoff = Duration::from_millis(50);
         for attempt in 1..=8 {
-            let update = {
-                let state = run.state();
-                RunUpdate {
-                    run_id: run.id.clone(),
-                    expected_version: state.record_version,
-                    status: state.status,
-                    owner: None,
-                    outcome_json: serde_json::to_string(&state.outcome).ok(),
-                    session_id: state.session_id.as_deref().and_then(|s| s.parse().ok()),
-                    fence_token: state.fence_token,
-                    owner_token: self.owner_token(&run.key),
+            let written = match &last {
+                Some(write) => {
+                    let finish = self.finish_request(run, write);
+                    self.store.finish_run(finish).await.map(|done| done.record)
                 }
+                None => self.store.update_run(self.terminal_update(run)).await,
             };
-            match self.store.update_run(update).await {
+            match written {
+                Err(err) if last.is_some() && writer_lost(&err) => {
+                    let write = last.take().expect("checked above");
+                    if write.decided_ok {
+                        let by = err
+                            .current_session()
+                            .and_then(|s| s.active_writer_run_id.clone());
+                        let superseded = Decision::superseded(by);
+                        run.overrule(superseded.clone());
+                        settle(run, &superseded);
+                    }
+                    continue;
+                }
                 Ok(record) => {
                     let mut state = run.state();
                     state.record_version = record.version;
@@ -158,4 +167,53 @@ impl Inner {
         }
         tracing::error!(run.id = %run.id, "the terminal state could not be persisted; a restart will report the run lost");
     }
+
+    fn terminal_update(&self, run: &Run) -> RunUpdate {
+        let state = run.state();
+        RunUpdate {
+            run_id: run.id.clone(),
+            expected_version: state.record_version,
+            status: state.status,
+            owner: None,
+            outcome_json: serde_json::to_string(&state.outcome).ok(),
+            session_id: state.session_id.as_deref().and_then(|s| s.parse().ok()),
+            fence_token: state.fence_token,
+            owner_token: self.owner_token(&run.key),
+        }
+    }
+
+    fn finish_request(&self, run: &Run, write: &LastWrite) -> FinishRun {
+        let state = run.state();
+        FinishRun {
+            run_id: run.id.clone(),
+            key: run.key.clone(),
+            expected_version: state.record_version,
+            status: state.status,
+            outcome_json: serde_json::to_string(&state.outcome).ok(),
+            writer: Some(write.fence),
+            entries: write.entries.clone(),
+            owner_token: self.owner_token(&run.key),
+        }
+    }
+}
+
+/// The decision as the run's state shows it, from now until it is terminal.
+fn settle(run: &Run, decision: &Decision) {
+    let mut state = run.state();
+    state.status = decision.status;
+    state.ended_at_ms = Some(now_ms());
+    if decision.stop_reason.is_some() {
+        state.outcome.stop_reason = decision.stop_reason.clone();
+    }
+    state.outcome.error = decision.error.clone();
+    state.outcome.superseded_by = decision.superseded_by.clone();
+}
+
+/// The run no longer holds its session's writer slot (taken over, reset or
+/// deleted): its entries cannot be written.
+fn writer_lost(err: &StoreError) -> bool {
+    matches!(
+        err,
+        StoreError::StaleWriter { .. } | StoreError::SessionReplaced { .. }
+    )
 }

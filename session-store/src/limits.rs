@@ -160,6 +160,24 @@ impl Limits {
         Ok(())
     }
 
+    /// Drops the oldest entries of `entries` (ascending seq) until their
+    /// content fits `max_history_chars`; the newest one always stays.
+    pub fn trim_to_budget(&self, entries: &mut Vec<TranscriptEntry>) {
+        let budget = self.max_history_chars as usize;
+        let mut used = 0usize;
+        let fitting = entries
+            .iter()
+            .rev()
+            .take_while(|e| {
+                used += e.content_json.chars().count();
+                used <= budget
+            })
+            .count()
+            .max(1);
+        let drop = entries.len().saturating_sub(fitting);
+        entries.drain(..drop);
+    }
+
     /// Resolves the defaults of a history query and checks its ranges.
     pub fn history_query(&self, mut query: HistoryQuery) -> StoreResult<HistoryQuery> {
         if query.limit == 0 {
@@ -302,6 +320,40 @@ impl<S: SessionStore> SessionStore for Checked<S> {
             self.limits.check_run_payload("outcome_json", outcome)?;
         }
         self.inner.update_run(update).await
+    }
+
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        validate_run_id(&req.run_id)?;
+        if let Some(expected) = &req.expected_writer {
+            validate_run_id(expected)?;
+        }
+        self.limits.check_label(req.label.as_deref())?;
+        self.limits.check_name("owner", &req.owner, true)?;
+        if !req.entries.is_empty() {
+            self.limits.check_entries(&req.entries)?;
+        }
+        if req.history_limit > self.limits.max_history_limit {
+            return Err(StoreError::invalid(format!(
+                "history_limit must be 0..={}, got {}",
+                self.limits.max_history_limit, req.history_limit
+            )));
+        }
+        let mut started = self.inner.start_run(req).await?;
+        // The history budget of a History call without maxChars, so that
+        // the answer always fits a gRPC message: the newest entries stay.
+        self.limits.trim_to_budget(&mut started.history);
+        Ok(started)
+    }
+
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        validate_run_id(&req.run_id)?;
+        if let Some(outcome) = &req.outcome_json {
+            self.limits.check_run_payload("outcome_json", outcome)?;
+        }
+        if !req.entries.is_empty() {
+            self.limits.check_entries(&req.entries)?;
+        }
+        self.inner.finish_run(req).await
     }
 
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {

@@ -33,6 +33,8 @@ enum Operation {
     PatchSession,
     CreateRun,
     UpdateRun,
+    StartRun,
+    FinishRun,
     GetRun,
     ListActiveRuns,
     PurgeExpiredRuns,
@@ -43,7 +45,7 @@ enum Operation {
 }
 
 impl Operation {
-    const ALL: [Self; 18] = [
+    const ALL: [Self; 20] = [
         Self::AcquireWriter,
         Self::ReleaseWriter,
         Self::Append,
@@ -55,6 +57,8 @@ impl Operation {
         Self::PatchSession,
         Self::CreateRun,
         Self::UpdateRun,
+        Self::StartRun,
+        Self::FinishRun,
         Self::GetRun,
         Self::ListActiveRuns,
         Self::PurgeExpiredRuns,
@@ -82,6 +86,8 @@ impl Operation {
             Self::PatchSession => "patch_session",
             Self::CreateRun => "create_run",
             Self::UpdateRun => "update_run",
+            Self::StartRun => "start_run",
+            Self::FinishRun => "finish_run",
             Self::GetRun => "get_run",
             Self::ListActiveRuns => "list_active_runs",
             Self::PurgeExpiredRuns => "purge_expired_runs",
@@ -271,6 +277,14 @@ impl<S: SessionStore> SessionStore for Metered<S> {
     }
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
         self.timed(Operation::UpdateRun, self.inner.update_run(update))
+            .await
+    }
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        self.timed(Operation::StartRun, self.inner.start_run(req))
+            .await
+    }
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        self.timed(Operation::FinishRun, self.inner.finish_run(req))
             .await
     }
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {

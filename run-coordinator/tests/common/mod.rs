@@ -150,6 +150,8 @@ pub struct Cluster {
     pub coordinator_url: String,
     pub store_url: String,
     pub coordinator: Coordinator,
+    /// The store server's own operation metrics (every call it served).
+    pub store_metrics: session_store::metrics::StoreMetrics,
     stop: CancellationToken,
     pg_schema: Option<String>,
     _dir: tempfile::TempDir,
@@ -214,6 +216,11 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let stop = CancellationToken::new();
         let (backend, pg_schema) = start_store(backend, &dir).await;
+        let store_metrics = session_store::metrics::StoreMetrics::default();
+        let backend = Arc::new(session_store::metrics::Metered::new(
+            backend,
+            store_metrics.clone(),
+        ));
         let store_url = serve_store_on_port0(backend, stop.clone()).await;
         let store = RemoteStore::connect(&store_url).await.unwrap();
         let coordinator = Coordinator::start(Arc::new(store.clone()), runtime, config)
@@ -238,6 +245,7 @@ impl Cluster {
             coordinator_url,
             store_url,
             coordinator,
+            store_metrics,
             stop,
             pg_schema,
             _dir: dir,

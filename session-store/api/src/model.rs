@@ -341,6 +341,85 @@ pub struct RunUpdate {
     pub owner_token: Option<OwnerToken>,
 }
 
+/// StartRun: the start of a run as one durable unit. The run's record goes
+/// to `running` under `owner` (a CAS on `expected_version`), the run takes
+/// its session's writer slot (an AcquireWriter on the current sessionId; the
+/// session is created if the key has none) and `entries` (its user turn) are
+/// appended under the new fence. All of it commits, or none of it; a refusal
+/// is the refusal the single call would give (`RunTerminal`,
+/// `RunVersionConflict`, `WriterConflict`, `StaleOwner`, ...).
+#[derive(Debug, Clone)]
+pub struct StartRun {
+    pub run_id: String,
+    /// The run's session; must be its record's.
+    pub key: SessionKey,
+    pub expected_version: u64,
+    /// The executing instance (the record's new owner).
+    pub owner: String,
+    pub mode: AcquireMode,
+    /// As `AcquireWriter::expected_writer` (`None`: the slot must be free).
+    pub expected_writer: Option<String>,
+    /// Stored when this call creates the session.
+    pub label: Option<String>,
+    pub entries: Vec<NewEntry>,
+    /// Also return up to this many transcript entries before the appended
+    /// ones, read in the same unit (what the runtime is given); 0: none.
+    pub history_limit: u32,
+    pub owner_token: Option<OwnerToken>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// The record as it is now: `running`, with the sessionId and fence.
+    pub record: RunRecord,
+    pub acquired: Acquired,
+    /// The seq of the first appended entry (0 when `entries` was empty).
+    pub first_seq: u64,
+    /// Up to `history_limit` entries before `first_seq`, ascending seq.
+    pub history: Vec<TranscriptEntry>,
+}
+
+/// The fence a run writes under: its sessionId and fence token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldFence {
+    pub session_id: SessionId,
+    pub fence_token: u64,
+}
+
+/// FinishRun: the end of a run as one durable unit. `entries` (its
+/// assistant turn) are appended under `writer`, the record becomes
+/// `status` (terminal; a CAS on `expected_version`) with its outcome, and
+/// the writer slot is released if `writer` still holds it. All of it
+/// commits, or none of it: a stale fence refuses the whole call
+/// (`StaleWriter` / `SessionReplaced`), so the terminal status is never
+/// written beside a turn that was not.
+#[derive(Debug, Clone)]
+pub struct FinishRun {
+    pub run_id: String,
+    /// The run's session; must be its record's.
+    pub key: SessionKey,
+    pub expected_version: u64,
+    /// A terminal status.
+    pub status: RunStatus,
+    pub outcome_json: Option<String>,
+    /// The fence the run holds; `None`: it never took one (then `entries`
+    /// must be empty).
+    pub writer: Option<HeldFence>,
+    pub entries: Vec<NewEntry>,
+    pub owner_token: Option<OwnerToken>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The terminal record.
+    pub record: RunRecord,
+    /// The seq of the first appended entry (0 when none were).
+    pub first_seq: u64,
+    /// Whether the writer slot was released (false: the fence no longer
+    /// held it, or there was none).
+    pub released: bool,
+}
+
 /// What a coordinator sends with every write: the partition of the session it
 /// writes, its member id and the epoch under which it holds that partition.
 /// The store refuses the write (`STALE_OWNER`) unless that epoch is the

@@ -45,6 +45,10 @@ pub trait SessionStore: Send + Sync + 'static {
     /// CAS on the record version; terminal records never change.
     async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord>;
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>>;
+    /// UpdateRun(running) + AcquireWriter + Append in one durable unit.
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started>;
+    /// Append + UpdateRun(terminal) + ReleaseWriter in one durable unit.
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished>;
     /// Every non-terminal run, optionally of one owner, oldest first.
     async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>>;
     /// Removes terminal records that ended before `ended_before_ms`; active
@@ -124,6 +128,12 @@ impl<T: SessionStore + ?Sized> SessionStore for std::sync::Arc<T> {
     }
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
         (**self).get_run(run_id).await
+    }
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        (**self).start_run(req).await
+    }
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        (**self).finish_run(req).await
     }
     async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
         (**self).list_active_runs(owner).await

@@ -268,6 +268,24 @@ fn load_run(
         .transpose()
 }
 
+fn store_run(txn: &WriteTransaction, record: &RunRecord) -> Result<(), redb::Error> {
+    txn.open_table(RUNS)?
+        .insert(record.run_id.as_str(), encode(record).as_slice())?;
+    Ok(())
+}
+
+fn insert_entries(
+    txn: &WriteTransaction,
+    sid: u128,
+    entries: &[TranscriptEntry],
+) -> Result<(), redb::Error> {
+    let mut transcripts = txn.open_table(TRANSCRIPTS)?;
+    for entry in entries {
+        transcripts.insert((sid, entry.seq), encode(entry).as_slice())?;
+    }
+    Ok(())
+}
+
 fn read_slot(txn: &redb::ReadTransaction, key: &SessionKey) -> Result<SessionSlot, redb::Error> {
     let table = txn.open_table(SESSIONS)?;
     let slot = table.get(key.as_str())?;
@@ -298,6 +316,24 @@ fn owner_check(
     let partition = ownership::partition(key, partitions);
     let lease = load_lease(txn, partition)?;
     Ok(ownership::check_owner(token, partition, &lease))
+}
+
+/// What StartRun and FinishRun decide on, after the owner check: the run's
+/// record and its session's slot.
+fn load_run_and_slot(
+    txn: &WriteTransaction,
+    run_id: &str,
+    key: &SessionKey,
+    token: Option<&OwnerToken>,
+    partitions: u32,
+) -> Result<StoreResult<(RunRecord, SessionSlot)>, redb::Error> {
+    if let Err(refusal) = owner_check(txn, key, token, partitions)? {
+        return Ok(Err(refusal));
+    }
+    let Some(record) = load_run(&txn.open_table(RUNS)?, run_id)? else {
+        return Ok(Err(StoreError::RunNotFound(run_id.to_owned())));
+    };
+    Ok(Ok((record, load_slot(txn, key)?)))
 }
 
 /// Returns early from a write job with the refusal of a rule or a check.
@@ -367,13 +403,7 @@ impl SessionStore for EmbeddedStore {
             let mut slot = load_slot(txn, &req.key)?;
             let first_seq = refused!(rules::reserve_append(&mut slot, &req, now));
             let stamped = rules::stamp_entries(&req, first_seq, now);
-            {
-                let mut transcripts = txn.open_table(TRANSCRIPTS)?;
-                let sid = req.session_id.as_u128();
-                for entry in &stamped {
-                    transcripts.insert((sid, entry.seq), encode(entry).as_slice())?;
-                }
-            }
+            insert_entries(txn, req.session_id.as_u128(), &stamped)?;
             store_slot(txn, &req.key, &slot)?;
             Ok(Ok(Appended {
                 first_seq,
@@ -524,9 +554,7 @@ impl SessionStore for EmbeddedStore {
                 partitions
             )?);
             refused!(rules::update_run(&mut record, &update, now));
-            let mut runs = txn.open_table(RUNS)?;
-            runs.insert(record.run_id.as_str(), encode(&record).as_slice())?;
-            drop(runs);
+            store_run(txn, &record)?;
             let mut slot = load_slot(txn, &key)?;
             let before = slot.clone();
             rules::note_run_status(&mut slot, &record);
@@ -534,6 +562,87 @@ impl SessionStore for EmbeddedStore {
                 store_slot(txn, &key, &slot)?;
             }
             Ok(Ok(record))
+        })
+        .await
+    }
+
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        let partitions = self.partitions;
+        let (started, history) = self
+            .write(move |txn, now| {
+                let (mut record, mut slot) = refused!(load_run_and_slot(
+                    txn,
+                    &req.run_id,
+                    &req.key,
+                    req.owner_token.as_ref(),
+                    partitions
+                )?);
+                let (acquired, first_seq) = refused!(rules::start_run(
+                    &mut record,
+                    &mut slot,
+                    &req,
+                    now,
+                    Uuid::new_v4
+                ));
+                let sid = acquired.session.session_id.as_u128();
+                let stamped = rules::stamp(&req.entries, &req.run_id, first_seq, now);
+                insert_entries(txn, sid, &stamped)?;
+                store_slot(txn, &req.key, &slot)?;
+                store_run(txn, &record)?;
+                // Decoded by the caller: the writer thread only copies bytes.
+                let total = acquired.session.entry_count;
+                let history = match rules::start_history_range(first_seq, total, req.history_limit)
+                {
+                    Some((lower, upper)) => txn
+                        .open_table(TRANSCRIPTS)?
+                        .range((sid, lower)..=(sid, upper))?
+                        .map(|row| Ok(row?.1.value().to_vec()))
+                        .collect::<Result<Vec<_>, redb::Error>>()?,
+                    None => Vec::new(),
+                };
+                let started = Started {
+                    record,
+                    acquired,
+                    first_seq,
+                    history: Vec::new(),
+                };
+                Ok(Ok((started, history)))
+            })
+            .await?;
+        let history = history
+            .iter()
+            .map(|row| decode(row))
+            .collect::<Result<_, _>>()
+            .map_err(StoreError::internal)?;
+        Ok(Started { history, ..started })
+    }
+
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        let partitions = self.partitions;
+        self.write(move |txn, now| {
+            let (mut record, mut slot) = refused!(load_run_and_slot(
+                txn,
+                &req.run_id,
+                &req.key,
+                req.owner_token.as_ref(),
+                partitions
+            )?);
+            let before = slot.clone();
+            let (first_seq, released) =
+                refused!(rules::finish_run(&mut record, &mut slot, &req, now));
+            if let Some(fence) = req.writer.filter(|_| !req.entries.is_empty()) {
+                let stamped = rules::stamp(&req.entries, &req.run_id, first_seq, now);
+                insert_entries(txn, fence.session_id.as_u128(), &stamped)?;
+            }
+            if slot != before {
+                store_slot(txn, &req.key, &slot)?;
+            }
+            store_run(txn, &record)?;
+            Ok(Ok(Finished {
+                record,
+                first_seq,
+                released,
+            }))
         })
         .await
     }

@@ -64,6 +64,21 @@ impl Inner {
         check_owner(token, partition, &self.leases[partition as usize])
     }
 
+    /// What StartRun and FinishRun decide on, after the owner check:
+    /// copies of the run's record and its session's slot.
+    fn run_and_slot(
+        &self,
+        run_id: &str,
+        key: &SessionKey,
+        token: Option<&OwnerToken>,
+    ) -> StoreResult<(RunRecord, SessionSlot)> {
+        self.check_owner(key, token)?;
+        let Some(record) = self.runs.get(run_id).cloned() else {
+            return Err(StoreError::RunNotFound(run_id.to_owned()));
+        };
+        Ok((record, self.slots.get(key).cloned().unwrap_or_default()))
+    }
+
     fn partition_count(&self) -> u32 {
         self.leases.len() as u32
     }
@@ -224,6 +239,55 @@ impl SessionStore for MemoryStore {
             rules::note_run_status(slot, &record);
         }
         Ok(record)
+    }
+
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        let mut inner = self.inner.lock().await;
+        let (mut record, mut slot) =
+            inner.run_and_slot(&req.run_id, &req.key, req.owner_token.as_ref())?;
+        let now = now_ms();
+        let (acquired, first_seq) =
+            rules::start_run(&mut record, &mut slot, &req, now, Uuid::new_v4)?;
+        let session_id = acquired.session.session_id;
+        let transcript = inner.transcripts.entry(session_id).or_default();
+        transcript.extend(rules::stamp(&req.entries, &req.run_id, first_seq, now));
+        let total = transcript.len() as u64;
+        let history = rules::start_history_range(first_seq, total, req.history_limit)
+            .map(|(lower, upper)| transcript[(lower - 1) as usize..upper as usize].to_vec())
+            .unwrap_or_default();
+        inner.slots.insert(req.key.clone(), slot);
+        inner.runs.insert(req.run_id.clone(), record.clone());
+        Ok(Started {
+            record,
+            acquired,
+            first_seq,
+            history,
+        })
+    }
+
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        let mut inner = self.inner.lock().await;
+        let (mut record, mut slot) =
+            inner.run_and_slot(&req.run_id, &req.key, req.owner_token.as_ref())?;
+        let now = now_ms();
+        let (first_seq, released) = rules::finish_run(&mut record, &mut slot, &req, now)?;
+        if let Some(fence) = req.writer.filter(|_| !req.entries.is_empty()) {
+            let stamped = rules::stamp(&req.entries, &req.run_id, first_seq, now);
+            inner
+                .transcripts
+                .entry(fence.session_id)
+                .or_default()
+                .extend(stamped);
+        }
+        if slot != SessionSlot::default() {
+            inner.slots.insert(req.key.clone(), slot);
+        }
+        inner.runs.insert(req.run_id.clone(), record.clone());
+        Ok(Finished {
+            record,
+            first_seq,
+            released,
+        })
     }
 
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {

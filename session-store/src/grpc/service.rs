@@ -71,12 +71,7 @@ impl GrpcSessionStore for SessionStoreService {
     ) -> GrpcResult<pb::AcquireWriterResponse> {
         let req = acquire_from_pb(request.into_inner()).map_err(to_status)?;
         let got = self.store.acquire_writer(req).await.map_err(to_status)?;
-        Ok(Response::new(pb::AcquireWriterResponse {
-            fence_token: got.fence_token,
-            session: Some(session_to_pb(got.session)),
-            superseded_run_id: got.superseded_run_id,
-            session_created: got.session_created,
-        }))
+        Ok(Response::new(acquired_to_pb(got)))
     }
 
     async fn release_writer(
@@ -227,6 +222,33 @@ impl GrpcSessionStore for SessionStoreService {
         let record = self.store.update_run(update).await.map_err(to_status)?;
         Ok(Response::new(pb::UpdateRunResponse {
             record: Some(run_to_pb(record)),
+        }))
+    }
+
+    async fn start_run(
+        &self,
+        request: Request<pb::StartRunRequest>,
+    ) -> GrpcResult<pb::StartRunResponse> {
+        let req = start_run_from_pb(request.into_inner()).map_err(to_status)?;
+        let started = self.store.start_run(req).await.map_err(to_status)?;
+        Ok(Response::new(pb::StartRunResponse {
+            record: Some(run_to_pb(started.record)),
+            acquired: Some(acquired_to_pb(started.acquired)),
+            first_seq: started.first_seq,
+            history: started.history.into_iter().map(entry_to_pb).collect(),
+        }))
+    }
+
+    async fn finish_run(
+        &self,
+        request: Request<pb::FinishRunRequest>,
+    ) -> GrpcResult<pb::FinishRunResponse> {
+        let req = finish_run_from_pb(request.into_inner()).map_err(to_status)?;
+        let finished = self.store.finish_run(req).await.map_err(to_status)?;
+        Ok(Response::new(pb::FinishRunResponse {
+            record: Some(run_to_pb(finished.record)),
+            first_seq: finished.first_seq,
+            released: finished.released,
         }))
     }
 

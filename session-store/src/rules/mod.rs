@@ -190,14 +190,37 @@ pub fn release(slot: &mut SessionSlot, run_id: &str, fence: u64, now_ms: i64) ->
     holds
 }
 
-/// Checks the fence of an Append and reserves `count` seqs. Returns the first
+/// Checks the fence of an Append and reserves its seqs. Returns the first
 /// seq; the caller stores the entries `first..first + count`.
 pub fn reserve_append(
     slot: &mut SessionSlot,
     req: &AppendEntries,
     now_ms: i64,
 ) -> Result<u64, StoreError> {
-    let key = &req.key;
+    let fence = HeldFence {
+        session_id: req.session_id,
+        fence_token: req.fence_token,
+    };
+    reserve_seqs(
+        slot,
+        &req.key,
+        &req.run_id,
+        fence,
+        req.entries.len(),
+        now_ms,
+    )
+}
+
+/// The fence check of every transcript write: `run_id` must hold the
+/// slot of `key` under `fence`. Reserves `count` seqs and returns the first.
+fn reserve_seqs(
+    slot: &mut SessionSlot,
+    key: &SessionKey,
+    run_id: &str,
+    fence: HeldFence,
+    count: usize,
+    now_ms: i64,
+) -> Result<u64, StoreError> {
     let current = slot.boxed_view(key);
     let Some(state) = slot.current.as_mut() else {
         return Err(StoreError::SessionReplaced {
@@ -205,11 +228,11 @@ pub fn reserve_append(
             current: None,
         });
     };
-    if state.session_id != req.session_id {
+    if state.session_id != fence.session_id {
         return Err(StoreError::SessionReplaced {
             message: format!(
                 "{key}: session {} was replaced by {}",
-                req.session_id, state.session_id
+                fence.session_id, state.session_id
             ),
             current,
         });
@@ -217,13 +240,12 @@ pub fn reserve_append(
     let holds = state
         .writer
         .as_ref()
-        .is_some_and(|w| w.run_id == req.run_id && w.fence == req.fence_token);
+        .is_some_and(|w| w.run_id == run_id && w.fence == fence.fence_token);
     if !holds {
         return Err(StoreError::StaleWriter {
             message: format!(
-                "{key}: run {:?} with fence {} is not the writer (writer {}, last fence {})",
-                req.run_id,
-                req.fence_token,
+                "{key}: run {run_id:?} with fence {} is not the writer (writer {}, last fence {})",
+                fence.fence_token,
                 describe_writer(state.writer_run_id()),
                 slot.last_fence
             ),
@@ -231,14 +253,24 @@ pub fn reserve_append(
         });
     }
     let first = state.entry_count + 1;
-    state.entry_count += req.entries.len() as u64;
+    state.entry_count += count as u64;
     state.updated_at_ms = now_ms;
     Ok(first)
 }
 
 /// The stored form of the entries of a successful Append, from `first_seq` on.
 pub fn stamp_entries(req: &AppendEntries, first_seq: u64, now_ms: i64) -> Vec<TranscriptEntry> {
-    req.entries
+    stamp(&req.entries, &req.run_id, first_seq, now_ms)
+}
+
+/// The stored form of `entries` written by `run_id`, from `first_seq` on.
+pub fn stamp(
+    entries: &[NewEntry],
+    run_id: &str,
+    first_seq: u64,
+    now_ms: i64,
+) -> Vec<TranscriptEntry> {
+    entries
         .iter()
         .zip(first_seq..)
         .map(|(entry, seq)| TranscriptEntry {
@@ -246,10 +278,125 @@ pub fn stamp_entries(req: &AppendEntries, first_seq: u64, now_ms: i64) -> Vec<Tr
             role: entry.role.clone(),
             content_json: entry.content_json.clone(),
             timestamp_ms: entry.timestamp_ms.unwrap_or(now_ms),
-            run_id: req.run_id.clone(),
+            run_id: run_id.to_owned(),
             metadata: entry.metadata.clone(),
         })
         .collect()
+}
+
+/// A run's record belongs to one session key for ever; a StartRun or
+/// FinishRun naming another is refused.
+fn check_run_key(record: &RunRecord, key: &SessionKey) -> Result<(), StoreError> {
+    if record.session_key == key.as_str() {
+        return Ok(());
+    }
+    Err(StoreError::invalid(format!(
+        "run {:?} belongs to session {:?}, not {key}",
+        record.run_id, record.session_key
+    )))
+}
+
+/// StartRun over the run's record and its session's slot: UpdateRun to
+/// `running`, AcquireWriter, then the fence check of the Append, in that
+/// order, each refusing as the single call would. Both are changed only
+/// when every check passed. Returns the acquisition (its session as it is
+/// after the append) and the first seq of the entries (0 for none).
+pub fn start_run(
+    record: &mut RunRecord,
+    slot: &mut SessionSlot,
+    req: &StartRun,
+    now_ms: i64,
+    new_session_id: impl FnOnce() -> SessionId,
+) -> Result<(Acquired, u64), StoreError> {
+    check_run_key(record, &req.key)?;
+    let mut next = record.clone();
+    let running = RunUpdate {
+        run_id: req.run_id.clone(),
+        expected_version: req.expected_version,
+        status: RunStatus::Running,
+        owner: Some(req.owner.clone()),
+        outcome_json: None,
+        session_id: None,
+        fence_token: None,
+        owner_token: None,
+    };
+    update_run(&mut next, &running, now_ms)?;
+    let mut next_slot = slot.clone();
+    let acquire_req = AcquireWriter {
+        key: req.key.clone(),
+        expected_session: ExpectedSession::Current,
+        expected_writer: req.expected_writer.clone(),
+        run_id: req.run_id.clone(),
+        mode: req.mode,
+        label: req.label.clone(),
+        owner_token: None,
+    };
+    let mut acquired = acquire(&mut next_slot, &acquire_req, now_ms, new_session_id)?;
+    let fence = HeldFence {
+        session_id: acquired.session.session_id,
+        fence_token: acquired.fence_token,
+    };
+    let first_seq = match req.entries.len() {
+        0 => 0,
+        count => reserve_seqs(&mut next_slot, &req.key, &req.run_id, fence, count, now_ms)?,
+    };
+    next.session_id = Some(fence.session_id);
+    next.fence_token = Some(fence.fence_token);
+    acquired.session = next_slot.view(&req.key).expect("acquire made a session");
+    *record = next;
+    *slot = next_slot;
+    Ok((acquired, first_seq))
+}
+
+/// FinishRun over the run's record and its session's slot: the fence check
+/// of the Append, UpdateRun to the terminal status, then ReleaseWriter
+/// (conditional, as ever). Both are changed only when every check passed.
+/// Returns the first seq of the entries (0 for none) and whether the slot
+/// was released.
+pub fn finish_run(
+    record: &mut RunRecord,
+    slot: &mut SessionSlot,
+    req: &FinishRun,
+    now_ms: i64,
+) -> Result<(u64, bool), StoreError> {
+    check_run_key(record, &req.key)?;
+    if !req.status.is_terminal() {
+        return Err(StoreError::invalid(format!(
+            "FinishRun ends a run: {} is not a terminal status",
+            req.status.as_str()
+        )));
+    }
+    let mut next_slot = slot.clone();
+    let first_seq = match (req.entries.len(), req.writer) {
+        (0, _) => 0,
+        (count, Some(fence)) => {
+            reserve_seqs(&mut next_slot, &req.key, &req.run_id, fence, count, now_ms)?
+        }
+        (_, None) => {
+            return Err(StoreError::invalid(
+                "FinishRun: entries are written under a fence, and none was given",
+            ));
+        }
+    };
+    let mut next = record.clone();
+    let terminal = RunUpdate {
+        run_id: req.run_id.clone(),
+        expected_version: req.expected_version,
+        status: req.status,
+        owner: None,
+        outcome_json: req.outcome_json.clone(),
+        session_id: req.writer.map(|w| w.session_id),
+        fence_token: req.writer.map(|w| w.fence_token),
+        owner_token: None,
+    };
+    update_run(&mut next, &terminal, now_ms)?;
+    let released = req
+        .writer
+        .is_some_and(|w| release(&mut next_slot, &req.run_id, w.fence_token, now_ms));
+    note_run_status(&mut next_slot, &next);
+    *record = next;
+    *slot = next_slot;
+    Ok((first_seq, released))
 }
 
 /// ResetSession: a new sessionId; the writer of the old one is superseded.
@@ -567,6 +714,20 @@ pub fn history_window(cursor: HistoryCursor, limit: u32, total: u64) -> Option<(
             Some((lower, upper, upper < total))
         }
     }
+}
+
+/// The seq range StartRun returns as history: up to `limit` entries before
+/// the ones it appended (from `first_seq`; 0: it appended none) of a
+/// transcript now `total` entries long. `None`: nothing to return.
+pub fn start_history_range(first_seq: u64, total: u64, limit: u32) -> Option<(u64, u64)> {
+    if limit == 0 {
+        return None;
+    }
+    let cursor = match first_seq {
+        0 => HistoryCursor::Latest,
+        first => HistoryCursor::Before(first),
+    };
+    history_window(cursor, limit, total).map(|(lower, upper, _)| (lower, upper))
 }
 
 /// Whether a session matches a ListSessions filter.

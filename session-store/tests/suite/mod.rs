@@ -5,10 +5,13 @@
 
 pub mod harness;
 pub mod ownership;
+pub mod run_lifecycle;
 pub mod settings;
 
 #[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
 pub use ownership::*;
+#[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
+pub use run_lifecycle::*;
 #[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
 pub use settings::*;
 
@@ -903,6 +906,12 @@ macro_rules! conformance_cases {
             settings_survive_reset_not_delete,
             settings_size_limit,
             settings_patch_needs_no_owner_token,
+            start_run_is_one_commit,
+            start_run_history_is_bounded,
+            a_refused_start_run_writes_nothing,
+            finish_run_is_one_commit,
+            a_stale_finish_run_writes_nothing,
+            finish_run_checks_its_request,
         );
         // The cases that spawn tasks of their own take the shared store.
         $crate::conformance_cases!(@shared $make;

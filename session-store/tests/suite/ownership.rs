@@ -201,6 +201,23 @@ pub async fn a_steal_fences_every_write_of_the_old_owner(store: &dyn SessionStor
         .await
         .unwrap_err();
     assert_stale(err, "b", 2);
+    let mut start = super::start_req(&k, "r1", 1);
+    start.owner_token = Some(a_token.clone());
+    assert_stale(store.start_run(start).await.unwrap_err(), "b", 2);
+    let finish = FinishRun {
+        run_id: "r1".into(),
+        key: k.clone(),
+        expected_version: 1,
+        status: RunStatus::Ok,
+        outcome_json: None,
+        writer: Some(HeldFence {
+            session_id: held.session.session_id,
+            fence_token: held.fence_token,
+        }),
+        entries: vec![super::text_entry("assistant", "late")],
+        owner_token: Some(a_token.clone()),
+    };
+    assert_stale(store.finish_run(finish).await.unwrap_err(), "b", 2);
 
     // Nothing of the refused writes landed; the new owner writes.
     let texts: Vec<String> = transcript(store, &k, None)

@@ -69,12 +69,7 @@ impl SessionStore for RemoteStore {
             .await
             .map_err(from_status)?
             .into_inner();
-        Ok(Acquired {
-            fence_token: res.fence_token,
-            session: session(res.session)?,
-            superseded_run_id: res.superseded_run_id,
-            session_created: res.session_created,
-        })
+        acquired_from_pb(res)
     }
 
     async fn release_writer(
@@ -246,6 +241,38 @@ impl SessionStore for RemoteStore {
             **current = whole;
         }
         Err(err)
+    }
+
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        let res = self
+            .client()
+            .start_run(start_run_to_pb(req))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        let acquired = res
+            .acquired
+            .ok_or_else(|| StoreError::Internal("StartRun answered without a fence".into()))?;
+        Ok(Started {
+            record: record(res.record)?,
+            acquired: acquired_from_pb(acquired)?,
+            first_seq: res.first_seq,
+            history: res.history.into_iter().map(entry_from_pb).collect(),
+        })
+    }
+
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        let res = self
+            .client()
+            .finish_run(finish_run_to_pb(req))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(Finished {
+            record: record(res.record)?,
+            first_seq: res.first_seq,
+            released: res.released,
+        })
     }
 
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {

@@ -210,16 +210,7 @@ pub fn expected_session_to_pb(expected: &ExpectedSession) -> String {
 }
 
 pub fn acquire_from_pb(r: pb::AcquireWriterRequest) -> Result<AcquireWriter, StoreError> {
-    let mode = match pb::AcquireMode::try_from(r.mode) {
-        Ok(pb::AcquireMode::Unspecified | pb::AcquireMode::Cas) => AcquireMode::Cas,
-        Ok(pb::AcquireMode::Takeover) => AcquireMode::Takeover,
-        Err(_) => {
-            return Err(StoreError::invalid(format!(
-                "unknown acquire mode {}",
-                r.mode
-            )));
-        }
-    };
+    let mode = acquire_mode_from_pb(r.mode)?;
     Ok(AcquireWriter {
         key: SessionKey::parse(&r.session_key)?,
         expected_session: expected_session_from_pb(&r.expected_session_id)?,
@@ -237,10 +228,7 @@ pub fn acquire_to_pb(r: AcquireWriter) -> pb::AcquireWriterRequest {
         expected_session_id: expected_session_to_pb(&r.expected_session),
         expected_writer_run_id: r.expected_writer,
         run_id: r.run_id,
-        mode: match r.mode {
-            AcquireMode::Cas => pb::AcquireMode::Cas,
-            AcquireMode::Takeover => pb::AcquireMode::Takeover,
-        } as i32,
+        mode: acquire_mode_to_pb(r.mode),
         label: r.label,
         owner_token: r.owner_token.map(owner_token_to_pb),
     }
@@ -399,5 +387,111 @@ pub fn table_from_pb(t: pb::ListLeasesResponse) -> LeaseTable {
         partition_count: t.partition_count,
         leases: t.leases.into_iter().map(lease_from_pb).collect(),
         now_ms: t.now_ms,
+    }
+}
+
+fn acquire_mode_from_pb(raw: i32) -> Result<AcquireMode, StoreError> {
+    match pb::AcquireMode::try_from(raw) {
+        Ok(pb::AcquireMode::Unspecified | pb::AcquireMode::Cas) => Ok(AcquireMode::Cas),
+        Ok(pb::AcquireMode::Takeover) => Ok(AcquireMode::Takeover),
+        Err(_) => Err(StoreError::invalid(format!("unknown acquire mode {raw}"))),
+    }
+}
+
+fn acquire_mode_to_pb(mode: AcquireMode) -> i32 {
+    let mode = match mode {
+        AcquireMode::Cas => pb::AcquireMode::Cas,
+        AcquireMode::Takeover => pb::AcquireMode::Takeover,
+    };
+    mode as i32
+}
+
+pub fn start_run_from_pb(r: pb::StartRunRequest) -> Result<StartRun, StoreError> {
+    Ok(StartRun {
+        key: SessionKey::parse(&r.session_key)?,
+        mode: acquire_mode_from_pb(r.mode)?,
+        run_id: r.run_id,
+        expected_version: r.expected_version,
+        owner: r.owner,
+        expected_writer: r.expected_writer_run_id,
+        label: r.label,
+        entries: r.entries.into_iter().map(new_entry_from_pb).collect(),
+        history_limit: r.history_limit,
+        owner_token: r.owner_token.map(owner_token_from_pb),
+    })
+}
+
+pub fn start_run_to_pb(r: StartRun) -> pb::StartRunRequest {
+    pb::StartRunRequest {
+        run_id: r.run_id,
+        session_key: r.key.as_str().to_owned(),
+        expected_version: r.expected_version,
+        owner: r.owner,
+        mode: acquire_mode_to_pb(r.mode),
+        expected_writer_run_id: r.expected_writer,
+        label: r.label,
+        entries: r.entries.into_iter().map(new_entry_to_pb).collect(),
+        history_limit: r.history_limit,
+        owner_token: r.owner_token.map(owner_token_to_pb),
+    }
+}
+
+pub fn acquired_to_pb(a: Acquired) -> pb::AcquireWriterResponse {
+    pb::AcquireWriterResponse {
+        fence_token: a.fence_token,
+        session: Some(session_to_pb(a.session)),
+        superseded_run_id: a.superseded_run_id,
+        session_created: a.session_created,
+    }
+}
+
+pub fn acquired_from_pb(a: pb::AcquireWriterResponse) -> Result<Acquired, StoreError> {
+    let session = a
+        .session
+        .ok_or_else(|| StoreError::Internal("response without a session".into()))?;
+    Ok(Acquired {
+        fence_token: a.fence_token,
+        session: session_from_pb(session)?,
+        superseded_run_id: a.superseded_run_id,
+        session_created: a.session_created,
+    })
+}
+
+pub fn finish_run_from_pb(r: pb::FinishRunRequest) -> Result<FinishRun, StoreError> {
+    let writer = match (r.session_id.as_deref(), r.fence_token) {
+        (Some(id), Some(fence_token)) => Some(HeldFence {
+            session_id: parse_session_id(id)?,
+            fence_token,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(StoreError::invalid(
+                "FinishRun: session_id and fence_token go together",
+            ));
+        }
+    };
+    Ok(FinishRun {
+        key: SessionKey::parse(&r.session_key)?,
+        status: required_status(r.status, "status")?,
+        run_id: r.run_id,
+        expected_version: r.expected_version,
+        outcome_json: r.outcome_json,
+        writer,
+        entries: r.entries.into_iter().map(new_entry_from_pb).collect(),
+        owner_token: r.owner_token.map(owner_token_from_pb),
+    })
+}
+
+pub fn finish_run_to_pb(r: FinishRun) -> pb::FinishRunRequest {
+    pb::FinishRunRequest {
+        run_id: r.run_id,
+        session_key: r.key.as_str().to_owned(),
+        expected_version: r.expected_version,
+        status: status_to_pb(Some(r.status)) as i32,
+        outcome_json: r.outcome_json,
+        session_id: r.writer.map(|w| w.session_id.to_string()),
+        fence_token: r.writer.map(|w| w.fence_token),
+        entries: r.entries.into_iter().map(new_entry_to_pb).collect(),
+        owner_token: r.owner_token.map(owner_token_to_pb),
     }
 }

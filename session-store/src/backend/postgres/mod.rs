@@ -441,21 +441,9 @@ impl SessionStore for PostgresStore {
         let key = SessionKey::from_stored(col(&row, 0)?);
         let token = update.owner_token.as_ref();
         leases::check_owner(&tx, &key, token, self.partitions).await?;
-        let Some(row) = fetch_opt(&tx, LOCK_RUN, &[&update.run_id]).await? else {
-            return Err(StoreError::RunNotFound(update.run_id));
-        };
-        let mut r = run_from_row(&row)?;
+        let mut r = lock_run(&tx, &update.run_id).await?;
         rules::update_run(&mut r, &update, now_ms())?;
-        let (session_id, fence) = (
-            r.session_id.map(|id| id.to_string()),
-            r.fence_token.map(to_db),
-        );
-        #[rustfmt::skip]
-        let params: [&(dyn ToSql + Sync); 10] = [
-            &r.run_id, &r.status.as_str(), &to_db(r.version), &r.updated_at_ms, &r.started_at_ms,
-            &r.ended_at_ms, &r.owner, &r.outcome_json, &session_id, &fence,
-        ];
-        run(&tx, UPDATE_RUN, &params).await?;
+        store_run(&tx, &r).await?;
         apply(&tx, &key, false, |slot| {
             rules::note_run_status(slot, &r);
             Ok(())
@@ -463,6 +451,69 @@ impl SessionStore for PostgresStore {
         .await?;
         commit(tx).await?;
         Ok(r)
+    }
+
+    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+        let mut client = self.client().await?;
+        let tx = begin(&mut client, false).await?;
+        // Lease row, run row, session row: the order of UpdateRun.
+        leases::check_owner(&tx, &req.key, req.owner_token.as_ref(), self.partitions).await?;
+        let mut record = lock_run(&tx, &req.run_id).await?;
+        let now = now_ms();
+        let (acquired, first_seq) = apply(&tx, &req.key, true, |slot| {
+            rules::start_run(&mut record, slot, &req, now, Uuid::new_v4)
+        })
+        .await?;
+        let session_id = acquired.session.session_id;
+        let stamped = rules::stamp(&req.entries, &req.run_id, first_seq, now);
+        insert_entries(&tx, session_id, &stamped).await?;
+        store_run(&tx, &record).await?;
+        let total = acquired.session.entry_count;
+        let history = match rules::start_history_range(first_seq, total, req.history_limit) {
+            Some((lower, upper)) => {
+                let range = [
+                    &session_id.to_string() as &(dyn ToSql + Sync),
+                    &to_db(lower),
+                    &to_db(upper),
+                ];
+                let rows = fetch(&tx, SELECT_ENTRIES, &range).await?;
+                rows.iter()
+                    .map(entry_from_row)
+                    .collect::<StoreResult<_>>()?
+            }
+            None => Vec::new(),
+        };
+        // Durable once the commit returns.
+        commit(tx).await?;
+        Ok(Started {
+            record,
+            acquired,
+            first_seq,
+            history,
+        })
+    }
+
+    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+        let mut client = self.client().await?;
+        let tx = begin(&mut client, false).await?;
+        leases::check_owner(&tx, &req.key, req.owner_token.as_ref(), self.partitions).await?;
+        let mut record = lock_run(&tx, &req.run_id).await?;
+        let now = now_ms();
+        let (first_seq, released) = apply(&tx, &req.key, false, |slot| {
+            rules::finish_run(&mut record, slot, &req, now)
+        })
+        .await?;
+        if let Some(fence) = req.writer.filter(|_| !req.entries.is_empty()) {
+            let stamped = rules::stamp(&req.entries, &req.run_id, first_seq, now);
+            insert_entries(&tx, fence.session_id, &stamped).await?;
+        }
+        store_run(&tx, &record).await?;
+        commit(tx).await?;
+        Ok(Finished {
+            record,
+            first_seq,
+            released,
+        })
     }
 
     async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
@@ -626,6 +677,28 @@ async fn apply<T>(
         }
     }
     Ok(outcome)
+}
+
+/// The run record, locked FOR UPDATE until the transaction ends.
+async fn lock_run(tx: &Transaction<'_>, run_id: &str) -> StoreResult<RunRecord> {
+    match fetch_opt(tx, LOCK_RUN, &[&run_id]).await? {
+        Some(row) => run_from_row(&row),
+        None => Err(StoreError::RunNotFound(run_id.to_owned())),
+    }
+}
+
+/// Writes back the changing columns of a locked run record.
+async fn store_run(tx: &Transaction<'_>, r: &RunRecord) -> StoreResult<()> {
+    let (session_id, fence) = (
+        r.session_id.map(|id| id.to_string()),
+        r.fence_token.map(to_db),
+    );
+    #[rustfmt::skip]
+    let params: [&(dyn ToSql + Sync); 10] = [
+        &r.run_id, &r.status.as_str(), &to_db(r.version), &r.updated_at_ms, &r.started_at_ms,
+        &r.ended_at_ms, &r.owner, &r.outcome_json, &session_id, &fence,
+    ];
+    run(tx, UPDATE_RUN, &params).await.map(drop)
 }
 
 /// Inserts all entries in one statement (one array per column).
