@@ -45,6 +45,16 @@ pub struct StoreConfig {
     #[arg(long, env = "SESSION_STORE_PG_POOL_SIZE", default_value_t = 16)]
     pub pg_pool_size: usize,
 
+    /// PostgreSQL: connections kept for admission (CreateRun) and leases,
+    /// beside the pool, so that a run's admission never waits for a
+    /// connection behind executing runs' writes; 0: they share the pool.
+    #[arg(
+        long,
+        env = "SESSION_STORE_PG_ADMISSION_POOL_SIZE",
+        default_value_t = 4
+    )]
+    pub pg_admission_pool_size: usize,
+
     /// PostgreSQL: schema for the tables (created if missing).
     #[arg(long, env = "SESSION_STORE_PG_SCHEMA")]
     pub pg_schema: Option<String>,

@@ -83,6 +83,7 @@ pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn Sessio
             let options = PgOptions {
                 schema: config.pg_schema.clone(),
                 pool_size: config.pg_pool_size,
+                admission_pool_size: config.pg_admission_pool_size,
                 partitions: config.partitions,
                 max_settings_bytes: config.limits.max_settings_bytes,
             };

@@ -65,6 +65,10 @@ pub struct PgOptions {
     pub schema: Option<String>,
     /// Maximum pooled connections (at least 1 is used).
     pub pool_size: usize,
+    /// Connections of a second pool that only admission (CreateRun) and
+    /// leases use, so that they never wait for a connection behind the
+    /// writes of executing runs; 0: they use the main pool.
+    pub admission_pool_size: usize,
     /// The partition count; written at the first start, checked at every
     /// later one.
     pub partitions: u32,
@@ -77,6 +81,7 @@ impl Default for PgOptions {
         Self {
             schema: None,
             pool_size: 16,
+            admission_pool_size: 4,
             partitions: clawgate_common::partition::DEFAULT_PARTITIONS,
             max_settings_bytes: rules::DEFAULT_MAX_SETTINGS_BYTES,
         }
@@ -86,6 +91,8 @@ impl Default for PgOptions {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    /// Admission and leases (see `PgOptions::admission_pool_size`).
+    urgent: Pool,
     partitions: u32,
     max_settings_bytes: usize,
 }
@@ -109,12 +116,20 @@ impl PostgresStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
-        let pool = Pool::builder(Manager::new(config, NoTls))
-            .max_size(options.pool_size.max(1))
-            .build()
-            .map_err(StoreError::internal)?;
+        let pool_of = |size: usize| {
+            Pool::builder(Manager::new(config.clone(), NoTls))
+                .max_size(size)
+                .build()
+                .map_err(StoreError::internal)
+        };
+        let pool = pool_of(options.pool_size.max(1))?;
+        let urgent = match options.admission_pool_size {
+            0 => pool.clone(),
+            size => pool_of(size)?,
+        };
         let store = Self {
             pool,
+            urgent,
             partitions,
             max_settings_bytes: options.max_settings_bytes,
         };
@@ -165,7 +180,16 @@ impl PostgresStore {
     }
 
     async fn client(&self) -> StoreResult<Client> {
-        self.pool.get().await.map_err(|err| {
+        Self::client_of(&self.pool).await
+    }
+
+    /// A connection of the admission pool.
+    async fn urgent_client(&self) -> StoreResult<Client> {
+        Self::client_of(&self.urgent).await
+    }
+
+    async fn client_of(pool: &Pool) -> StoreResult<Client> {
+        pool.get().await.map_err(|err| {
             StoreError::Unavailable(match err {
                 PoolError::Backend(err) => format!("PostgreSQL: {}", describe(&err)),
                 err => format!("PostgreSQL connection pool: {err}"),
@@ -393,7 +417,7 @@ impl SessionStore for PostgresStore {
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
-        let mut client = self.client().await?;
+        let mut client = self.urgent_client().await?;
         let tx = begin(&mut client, false).await?;
         let token = new.owner_token.as_ref();
         leases::check_owner(&tx, &new.session_key, token, self.partitions).await?;
@@ -535,7 +559,7 @@ impl SessionStore for PostgresStore {
 
     async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
         let targets = ownership::acquire_targets(&req, self.partitions)?;
-        let mut client = self.client().await?;
+        let mut client = self.urgent_client().await?;
         let tx = begin(&mut client, false).await?;
         let grant = leases::apply(&tx, leases::LOCK_FOR_TAKE, &targets, |lease, now| {
             ownership::take(lease, &req, now)
@@ -550,7 +574,7 @@ impl SessionStore for PostgresStore {
         let mut tokens = req.tokens.clone();
         tokens.sort_by_key(|t| t.partition);
         let partitions: Vec<u32> = tokens.iter().map(|t| t.partition).collect();
-        let mut client = self.client().await?;
+        let mut client = self.urgent_client().await?;
         let tx = begin(&mut client, false).await?;
         let mut next = tokens.iter();
         let grant = leases::apply(&tx, leases::LOCK_FOR_RENEW, &partitions, |lease, now| {
@@ -566,7 +590,7 @@ impl SessionStore for PostgresStore {
         ownership::check_tokens(&tokens, None, self.partitions)?;
         tokens.sort_by_key(|t| t.partition);
         let partitions: Vec<u32> = tokens.iter().map(|t| t.partition).collect();
-        let mut client = self.client().await?;
+        let mut client = self.urgent_client().await?;
         let tx = begin(&mut client, false).await?;
         let mut next = tokens.iter();
         let grant = leases::apply(&tx, leases::LOCK_FOR_RENEW, &partitions, |lease, now| {

@@ -1,10 +1,11 @@
 //! The embedded backend: one redb file, crash-safe, nothing to install.
 //!
-//! Writes go through one writer thread that commits in groups: it takes every
-//! write waiting in its queue (up to `max_batch`), applies them in order inside
-//! one write transaction, commits once (fsync) and only then answers each
-//! caller. So every acknowledged write is durable, and under concurrency one
-//! fsync pays for many writes. A write whose rule refuses it writes nothing
+//! Writes go through one writer thread that commits in groups (`writer`): it
+//! takes the writes waiting in its two lanes (admission and leases first,
+//! then the rest, up to `max_batch`), applies them in order inside one write
+//! transaction, commits once (fsync) and only then answers each caller. So
+//! every acknowledged write is durable, under concurrency one fsync pays for
+//! many writes, and admission never queues behind executing runs' writes. A write whose rule refuses it writes nothing
 //! and does not disturb the rest of its group; a storage error aborts the
 //! whole group and every write in it is answered with that error.
 //!
@@ -21,7 +22,7 @@ use redb::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::error::{StoreError, StoreResult};
@@ -30,6 +31,9 @@ use crate::model::*;
 use crate::rules::ownership;
 use crate::rules::{self, SessionSlot};
 use crate::store::{SessionStore, now_ms};
+
+mod writer;
+use writer::{Completion, Job, Lane, WriteQueue, run_writer};
 
 /// Session key → `SessionSlot` (JSON). Rows are never removed: they carry the
 /// fence counter that must not be reused. Fields added later have serde
@@ -68,14 +72,9 @@ impl Default for EmbeddedOptions {
     }
 }
 
-/// Answers a caller once the group its write belongs to has committed.
-type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
-/// One write: applied to the group's transaction; `Err` poisons the group.
-type Job = Box<dyn FnOnce(&WriteTransaction, i64) -> (Completion, Result<(), redb::Error>) + Send>;
-
 pub struct EmbeddedStore {
     db: Arc<Database>,
-    jobs: mpsc::Sender<Job>,
+    queue: Arc<WriteQueue>,
     partitions: u32,
     max_settings_bytes: usize,
 }
@@ -117,23 +116,32 @@ impl EmbeddedStore {
             )));
         }
         let db = Arc::new(db);
-        let (jobs, queue) = mpsc::channel(options.queue_depth.max(1));
-        let writer_db = db.clone();
+        let queue = Arc::new(WriteQueue::new(options.queue_depth));
+        let (writer_db, writer_queue) = (db.clone(), queue.clone());
         std::thread::Builder::new()
             .name("session-store-writer".into())
-            .spawn(move || run_writer(&writer_db, queue, options.max_batch.max(1)))
+            .spawn(move || run_writer(&writer_db, &writer_queue, options.max_batch.max(1)))
             .map_err(StoreError::internal)?;
         Ok(Self {
             db,
-            jobs,
+            queue,
             partitions,
             max_settings_bytes,
         })
     }
 
-    /// Runs `op` inside the next group commit and returns its result once the
-    /// group is durable.
+    /// Runs `op` in the bulk lane (see `writer`).
     async fn write<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteTransaction, i64) -> Result<StoreResult<T>, redb::Error> + Send + 'static,
+    {
+        self.write_in(Lane::Bulk, op).await
+    }
+
+    /// Runs `op` inside a group commit of its lane's turn and returns its
+    /// result once the group is durable.
+    async fn write_in<T, F>(&self, lane: Lane, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&WriteTransaction, i64) -> Result<StoreResult<T>, redb::Error> + Send + 'static,
@@ -154,10 +162,7 @@ impl EmbeddedStore {
                 (complete, Err(storage))
             }
         });
-        self.jobs
-            .send(job)
-            .await
-            .map_err(|_| StoreError::Unavailable("the store writer has stopped".into()))?;
+        self.queue.push(lane, job).await?;
         answer.await.map_err(|_| {
             StoreError::Unavailable("the write was not applied (storage error)".into())
         })?
@@ -179,57 +184,10 @@ impl EmbeddedStore {
     }
 }
 
-fn run_writer(db: &Database, mut queue: mpsc::Receiver<Job>, max_batch: usize) {
-    let mut group = Vec::with_capacity(max_batch);
-    while let Some(first) = queue.blocking_recv() {
-        group.push(first);
-        while group.len() < max_batch {
-            match queue.try_recv() {
-                Ok(job) => group.push(job),
-                Err(_) => break,
-            }
-        }
-        commit_group(db, &mut group);
-    }
-}
-
-fn commit_group(db: &Database, group: &mut Vec<Job>) {
-    let txn = match db.begin_write() {
-        Ok(txn) => txn,
-        Err(e) => {
-            // The jobs never ran: dropping them answers their callers with
-            // "not applied" through their closed reply channels.
-            tracing::error!(error = %e, writes = group.len(), "cannot begin a write transaction");
-            group.clear();
-            return;
-        }
-    };
-    let now = now_ms();
-    let mut completions = Vec::with_capacity(group.len());
-    let mut poisoned = None;
-    for job in group.drain(..) {
-        if poisoned.is_some() {
-            // After a storage error the rest of the group is not applied.
-            continue;
-        }
-        let (complete, applied) = job(&txn, now);
-        completions.push(complete);
-        poisoned = applied.err();
-    }
-    let committed = match poisoned {
-        Some(e) => {
-            tracing::error!(error = %e, "storage error; the write group was rolled back");
-            let _ = txn.abort();
-            Err(StoreError::Internal(format!(
-                "the write group was rolled back: {e}"
-            )))
-        }
-        None => txn
-            .commit()
-            .map_err(|e| StoreError::Unavailable(format!("commit failed: {e}"))),
-    };
-    for complete in completions {
-        complete(committed.clone());
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        // The writer commits what is queued, then stops.
+        self.queue.close();
     }
 }
 
@@ -518,7 +476,7 @@ impl SessionStore for EmbeddedStore {
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         let partitions = self.partitions;
-        self.write(move |txn, now| {
+        self.write_in(Lane::Urgent, move |txn, now| {
             refused!(owner_check(
                 txn,
                 &new.session_key,
@@ -693,7 +651,7 @@ impl SessionStore for EmbeddedStore {
 
     async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
         let targets = ownership::acquire_targets(&req, self.partitions)?;
-        self.write(move |txn, now| {
+        self.write_in(Lane::Urgent, move |txn, now| {
             let mut outcomes = Vec::with_capacity(targets.len());
             for partition in targets {
                 let mut lease = load_lease(txn, partition)?;
@@ -710,7 +668,7 @@ impl SessionStore for EmbeddedStore {
 
     async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
         ownership::check_renew(&req, self.partitions)?;
-        self.write(move |txn, now| {
+        self.write_in(Lane::Urgent, move |txn, now| {
             let mut outcomes = Vec::with_capacity(req.tokens.len());
             for token in &req.tokens {
                 let mut lease = load_lease(txn, token.partition)?;
@@ -727,7 +685,7 @@ impl SessionStore for EmbeddedStore {
 
     async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
         ownership::check_tokens(&tokens, None, self.partitions)?;
-        self.write(move |txn, now| {
+        self.write_in(Lane::Urgent, move |txn, now| {
             let mut released = Vec::new();
             for token in &tokens {
                 let mut lease = load_lease(txn, token.partition)?;
