@@ -109,16 +109,26 @@ impl Outbox {
 
     /// A broadcast event: takes the next `seq`, even when dropped.
     pub fn broadcast(&self, name: &str, payload: &Value, droppable: bool) -> bool {
+        self.broadcast_encoded(name, &payload.to_string(), droppable)
+    }
+
+    /// `broadcast` of a payload already encoded (a fan-out encodes it once).
+    pub fn broadcast_encoded(&self, name: &str, payload_json: &str, droppable: bool) -> bool {
         let mut state = self.state.lock().unwrap();
         state.seq += 1;
-        let frame = frames::event(name, payload, Some(state.seq));
+        let frame = frames::event_frame(name, payload_json, Some(state.seq));
         self.push_event(&mut state, frame, droppable)
     }
 
     /// A targeted event (no `seq`).
     pub fn targeted(&self, name: &str, payload: &Value, droppable: bool) -> bool {
+        self.targeted_encoded(name, &payload.to_string(), droppable)
+    }
+
+    /// `targeted` of a payload already encoded.
+    pub fn targeted_encoded(&self, name: &str, payload_json: &str, droppable: bool) -> bool {
+        let frame = frames::event_frame(name, payload_json, None);
         let mut state = self.state.lock().unwrap();
-        let frame = frames::event(name, payload, None);
         self.push_event(&mut state, frame, droppable)
     }
 

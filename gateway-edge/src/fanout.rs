@@ -30,7 +30,8 @@ pub const SERVED_EVENTS: &[&str] = &[
 /// A protocol event derived from a run event, and who may receive it.
 pub struct Outgoing {
     pub name: &'static str,
-    pub payload: Value,
+    /// The payload, encoded once for every connection it goes to.
+    pub payload: String,
     /// Dropped (with a seq gap) for a slow consumer rather than closing it.
     pub droppable: bool,
     /// Only to connections with the `tool-events` cap, targeted (no seq).
@@ -144,9 +145,9 @@ impl RunMemory {
                 "stream": stream, "data": data, "seq": event.seq, "ts": event.ts_ms,
             })
         };
-        let plain = |name, payload| Outgoing {
+        let plain = |name, payload: Value| Outgoing {
             name,
-            payload,
+            payload: payload.to_string(),
             droppable: false,
             tool_stream: false,
             sessions_only: false,
@@ -297,16 +298,16 @@ pub fn deliver_unfiltered(conn: &Conn, outgoing: &[Outgoing]) {
         if item.tool_stream {
             if conn.tool_events {
                 conn.outbox
-                    .targeted(item.name, &item.payload, item.droppable);
+                    .targeted_encoded(item.name, &item.payload, item.droppable);
             }
         } else if item.sessions_only {
             if conn.subscribed_to_sessions() {
                 conn.outbox
-                    .targeted(item.name, &item.payload, item.droppable);
+                    .targeted_encoded(item.name, &item.payload, item.droppable);
             }
         } else {
             conn.outbox
-                .broadcast(item.name, &item.payload, item.droppable);
+                .broadcast_encoded(item.name, &item.payload, item.droppable);
         }
     }
 }

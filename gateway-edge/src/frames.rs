@@ -158,14 +158,27 @@ pub fn error_response(id: &str, error: &ErrorShape, payload: Option<Value>) -> S
 
 /// An event frame; `seq` only on broadcast events.
 pub fn event(name: &str, payload: &Value, seq: Option<u64>) -> String {
-    let mut frame = Map::new();
-    frame.insert("type".into(), json!("event"));
-    frame.insert("event".into(), json!(name));
-    frame.insert("payload".into(), payload.clone());
+    event_frame(name, &payload.to_string(), seq)
+}
+
+/// An event frame around a payload already encoded (`payload_json`, one
+/// JSON value): what a fan-out to many connections builds per connection,
+/// so that the payload is encoded once, not once per connection. Members in
+/// the order `serde_json` writes an object's (sorted), byte for byte what
+/// `event` wrote before.
+pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
+    use std::fmt::Write as _;
+    let name = Value::from(name).to_string();
+    let mut frame = String::with_capacity(payload_json.len() + name.len() + 48);
+    frame.push_str("{\"event\":");
+    frame.push_str(&name);
+    frame.push_str(",\"payload\":");
+    frame.push_str(payload_json);
     if let Some(seq) = seq {
-        frame.insert("seq".into(), json!(seq));
+        let _ = write!(frame, ",\"seq\":{seq}");
     }
-    Value::Object(frame).to_string()
+    frame.push_str(",\"type\":\"event\"}");
+    frame
 }
 
 /// Removes `null` members recursively from objects (absent, not null).
@@ -179,6 +192,30 @@ pub fn without_nulls(value: Value) -> Value {
         ),
         Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod frame_tests {
+    use super::*;
+
+    /// The concatenated frame is the one a JSON object of the same members
+    /// encodes to, with and without a seq.
+    #[test]
+    fn event_frames_are_the_encoded_objects() {
+        let payload = json!({ "runId": "r\"1", "text": "é\n", "n": [1, 2], "z": null });
+        for seq in [None, Some(7)] {
+            let mut object = Map::new();
+            object.insert("type".into(), json!("event"));
+            object.insert("event".into(), json!("chat"));
+            object.insert("payload".into(), payload.clone());
+            if let Some(seq) = seq {
+                object.insert("seq".into(), json!(seq));
+            }
+            let expected = Value::Object(object).to_string();
+            assert_eq!(event_frame("chat", &payload.to_string(), seq), expected);
+            assert_eq!(event("chat", &payload, seq), expected);
+        }
     }
 }
 

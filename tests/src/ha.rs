@@ -116,6 +116,8 @@ pub async fn stale_owner_refusals(store: &Process) -> f64 {
         "acquire_writer",
         "release_writer",
         "create_run",
+        "start_run",
+        "finish_run",
     ]
     .iter()
     .filter_map(|op| {
