@@ -32,8 +32,44 @@ struct OutState {
     close: Option<CloseOrder>,
 }
 
+/// A frame waiting in an outbox. An event that goes to many connections
+/// shares one encoded payload among all their outboxes; each connection's
+/// frame (with its own `seq`) is put together only when its writer writes
+/// it, so a broadcast to N slow readers holds one payload, not N frames.
+#[derive(Debug)]
+pub enum OutFrame {
+    Text(String),
+    Event {
+        name: &'static str,
+        payload: Arc<str>,
+        seq: Option<u64>,
+    },
+}
+
+impl OutFrame {
+    /// The frame's bytes on the wire (what the byte budget counts).
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Text(text) => text.len(),
+            Self::Event { name, payload, seq } => frames::event_frame_len(name, payload, *seq),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The frame's text, as the writer sends it.
+    pub fn into_text(self) -> String {
+        match self {
+            Self::Text(text) => text,
+            Self::Event { name, payload, seq } => frames::event_frame(name, &payload, seq),
+        }
+    }
+}
+
 pub struct Outbox {
-    tx: mpsc::UnboundedSender<String>,
+    tx: mpsc::UnboundedSender<OutFrame>,
     state: Mutex<OutState>,
     max_bytes: usize,
     metrics: Arc<EdgeMetrics>,
@@ -43,7 +79,7 @@ pub struct Outbox {
 
 /// What the writer side of a connection receives from its outbox.
 pub struct OutboxReader {
-    pub rx: mpsc::UnboundedReceiver<String>,
+    pub rx: mpsc::UnboundedReceiver<OutFrame>,
 }
 
 impl Outbox {
@@ -63,11 +99,12 @@ impl Outbox {
         (outbox, OutboxReader { rx })
     }
 
-    fn push(&self, state: &mut OutState, frame: String, droppable: bool) -> Delivery {
+    fn push(&self, state: &mut OutState, frame: OutFrame, droppable: bool) -> Delivery {
         if state.close.is_some() {
             return Delivery::Closed;
         }
-        if state.queued_bytes + frame.len() > self.max_bytes {
+        let bytes = frame.len();
+        if state.queued_bytes + bytes > self.max_bytes {
             if !droppable {
                 self.metrics.slow_consumer_closed();
                 self.order_close(
@@ -80,7 +117,7 @@ impl Outbox {
             }
             return Delivery::OverBudget;
         }
-        state.queued_bytes += frame.len();
+        state.queued_bytes += bytes;
         match self.tx.send(frame) {
             Ok(()) => Delivery::Queued,
             Err(_) => Delivery::Closed,
@@ -88,7 +125,7 @@ impl Outbox {
     }
 
     /// Pushes an event frame and counts what became of it.
-    fn push_event(&self, state: &mut OutState, frame: String, droppable: bool) -> bool {
+    fn push_event(&self, state: &mut OutState, frame: OutFrame, droppable: bool) -> bool {
         let delivery = self.push(state, frame, droppable);
         self.metrics.event(delivery);
         delivery == Delivery::Queued
@@ -104,30 +141,49 @@ impl Outbox {
     /// A response frame (never dropped).
     pub fn send_frame(&self, frame: String) -> bool {
         let mut state = self.state.lock().unwrap();
-        self.push(&mut state, frame, false) == Delivery::Queued
+        self.push(&mut state, OutFrame::Text(frame), false) == Delivery::Queued
     }
 
     /// A broadcast event: takes the next `seq`, even when dropped.
-    pub fn broadcast(&self, name: &str, payload: &Value, droppable: bool) -> bool {
-        self.broadcast_encoded(name, &payload.to_string(), droppable)
+    pub fn broadcast(&self, name: &'static str, payload: &Value, droppable: bool) -> bool {
+        self.broadcast_encoded(name, &Arc::from(payload.to_string()), droppable)
     }
 
-    /// `broadcast` of a payload already encoded (a fan-out encodes it once).
-    pub fn broadcast_encoded(&self, name: &str, payload_json: &str, droppable: bool) -> bool {
+    /// `broadcast` of a payload already encoded, shared with every other
+    /// connection it goes to (a fan-out encodes it once).
+    pub fn broadcast_encoded(
+        &self,
+        name: &'static str,
+        payload: &Arc<str>,
+        droppable: bool,
+    ) -> bool {
         let mut state = self.state.lock().unwrap();
         state.seq += 1;
-        let frame = frames::event_frame(name, payload_json, Some(state.seq));
+        let frame = OutFrame::Event {
+            name,
+            payload: payload.clone(),
+            seq: Some(state.seq),
+        };
         self.push_event(&mut state, frame, droppable)
     }
 
     /// A targeted event (no `seq`).
-    pub fn targeted(&self, name: &str, payload: &Value, droppable: bool) -> bool {
-        self.targeted_encoded(name, &payload.to_string(), droppable)
+    pub fn targeted(&self, name: &'static str, payload: &Value, droppable: bool) -> bool {
+        self.targeted_encoded(name, &Arc::from(payload.to_string()), droppable)
     }
 
     /// `targeted` of a payload already encoded.
-    pub fn targeted_encoded(&self, name: &str, payload_json: &str, droppable: bool) -> bool {
-        let frame = frames::event_frame(name, payload_json, None);
+    pub fn targeted_encoded(
+        &self,
+        name: &'static str,
+        payload: &Arc<str>,
+        droppable: bool,
+    ) -> bool {
+        let frame = OutFrame::Event {
+            name,
+            payload: payload.clone(),
+            seq: None,
+        };
         let mut state = self.state.lock().unwrap();
         self.push_event(&mut state, frame, droppable)
     }

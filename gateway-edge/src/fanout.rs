@@ -31,7 +31,7 @@ pub const SERVED_EVENTS: &[&str] = &[
 pub struct Outgoing {
     pub name: &'static str,
     /// The payload, encoded once for every connection it goes to.
-    pub payload: String,
+    pub payload: std::sync::Arc<str>,
     /// Dropped (with a seq gap) for a slow consumer rather than closing it.
     pub droppable: bool,
     /// Only to connections with the `tool-events` cap, targeted (no seq).
@@ -147,7 +147,7 @@ impl RunMemory {
         };
         let plain = |name, payload: Value| Outgoing {
             name,
-            payload: payload.to_string(),
+            payload: payload.to_string().into(),
             droppable: false,
             tool_stream: false,
             sessions_only: false,

@@ -169,7 +169,7 @@ pub fn event(name: &str, payload: &Value, seq: Option<u64>) -> String {
 pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
     use std::fmt::Write as _;
     let name = Value::from(name).to_string();
-    let mut frame = String::with_capacity(payload_json.len() + name.len() + 48);
+    let mut frame = String::with_capacity(event_frame_len_of(name.len(), payload_json, seq));
     frame.push_str("{\"event\":");
     frame.push_str(&name);
     frame.push_str(",\"payload\":");
@@ -179,6 +179,34 @@ pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
     }
     frame.push_str(",\"type\":\"event\"}");
     frame
+}
+
+/// The length of `event_frame(name, payload_json, seq)`, without building it.
+pub fn event_frame_len(name: &str, payload_json: &str, seq: Option<u64>) -> usize {
+    let name_len = if name
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        name.len() + 2
+    } else {
+        Value::from(name).to_string().len()
+    };
+    event_frame_len_of(name_len, payload_json, seq)
+}
+
+fn event_frame_len_of(encoded_name_len: usize, payload_json: &str, seq: Option<u64>) -> usize {
+    const FIXED: usize = r#"{"event":,"payload":,"type":"event"}"#.len();
+    let seq_len = seq.map_or(0, |seq| r#","seq":"#.len() + decimal_digits(seq));
+    FIXED + encoded_name_len + payload_json.len() + seq_len
+}
+
+fn decimal_digits(mut n: u64) -> usize {
+    let mut digits = 1;
+    while n >= 10 {
+        n /= 10;
+        digits += 1;
+    }
+    digits
 }
 
 /// Removes `null` members recursively from objects (absent, not null).
@@ -204,7 +232,7 @@ mod frame_tests {
     #[test]
     fn event_frames_are_the_encoded_objects() {
         let payload = json!({ "runId": "r\"1", "text": "é\n", "n": [1, 2], "z": null });
-        for seq in [None, Some(7)] {
+        for seq in [None, Some(7), Some(10), Some(u64::MAX)] {
             let mut object = Map::new();
             object.insert("type".into(), json!("event"));
             object.insert("event".into(), json!("chat"));
@@ -214,6 +242,8 @@ mod frame_tests {
             }
             let expected = Value::Object(object).to_string();
             assert_eq!(event_frame("chat", &payload.to_string(), seq), expected);
+            let len = event_frame_len("chat", &payload.to_string(), seq);
+            assert_eq!(len, expected.len());
             assert_eq!(event("chat", &payload, seq), expected);
         }
     }

@@ -58,9 +58,10 @@ pub fn broadcast(edge: &Arc<Edge>) {
     tokio::spawn(async move {
         tokio::time::sleep(COALESCE).await;
         edge.presence_pending.store(false, Ordering::Release);
-        let payload = json!({ "presence": list(&edge) });
+        // Encoded once: the list goes to every connection.
+        let payload: Arc<str> = json!({ "presence": list(&edge) }).to_string().into();
         for conn in edge.connections().iter().filter(|c| c.can_read()) {
-            conn.outbox.broadcast("presence", &payload, true);
+            conn.outbox.broadcast_encoded("presence", &payload, true);
         }
     });
 }

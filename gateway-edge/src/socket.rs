@@ -300,13 +300,14 @@ async fn serve_connection(
                 conn.outbox.broadcast("shutdown", &payload, false);
                 // Flush what is queued, including the shutdown event.
                 while let Ok(frame) = reader.rx.try_recv() {
-                    let _ = socket.send(Message::text(frame)).await;
+                    let _ = socket.send(Message::text(frame.into_text())).await;
                 }
                 break Some(CloseOrder { code: 1012, reason: "service restart".into() });
             }
             frame = reader.rx.recv() => {
                 let Some(frame) = frame else { break None };
                 let bytes = frame.len();
+                let frame = frame.into_text();
                 // A peer that stops reading blocks this write; a close order
                 // (slow consumer, shutdown) must still get through.
                 let sent = tokio::select! {

@@ -50,8 +50,9 @@ pub async fn broadcast_health(edge: Arc<Edge>, interval: Duration) {
     loop {
         ticks.tick().await;
         if let Ok(summary) = health_summary(&edge).await {
+            let summary: Arc<str> = summary.to_string().into();
             for conn in edge.connections().iter().filter(|c| c.can_read()) {
-                conn.outbox.broadcast("health", &summary, false);
+                conn.outbox.broadcast_encoded("health", &summary, false);
             }
         }
     }
