@@ -107,6 +107,12 @@ pub struct EdgeConfig {
     /// Most connections the presence list shows (the newest).
     #[arg(long, env = "EDGE_PRESENCE_MAX_ENTRIES", default_value_t = 100)]
     pub presence_max_entries: usize,
+    /// The bytes per second `presence` events may take, all connections
+    /// together: after a broadcast the next waits until its bytes are paid
+    /// for (a connect burst of thousands sends a few lists, not one per
+    /// 200 ms to each).
+    #[arg(long, env = "EDGE_PRESENCE_BYTES_PER_SECOND", default_value_t = 16 * 1024 * 1024)]
+    pub presence_bytes_per_second: u64,
     /// The queue mode of a message whose send and session name none (the
     /// protocol's default: steer).
     #[arg(

@@ -3,8 +3,9 @@
 //! event with the whole list goes to every connection that may read when
 //! one connects or leaves. Presence is per edge replica: each lists its own
 //! connections. The list holds at most `--presence-max-entries` connections
-//! (the newest), and changes within `COALESCE` go out as one event, so a
-//! burst of connects costs one broadcast, not one per connection.
+//! (the newest), changes within `COALESCE` go out as one event, and the
+//! events together take at most `--presence-bytes-per-second`, so a burst of
+//! connects costs a few broadcasts, not one per connection.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -48,20 +49,42 @@ fn entry(conn: &Conn) -> Value {
 /// How long changes are gathered into one `presence` event.
 const COALESCE: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Tells every connection that may read the new list, soon.
+/// Tells every connection that may read the new list, soon. One task at a
+/// time sends: it gathers changes for `COALESCE`, sends the list, waits
+/// until `--presence-bytes-per-second` has paid for what it sent, and goes
+/// round again while changes arrived meanwhile.
 pub fn broadcast(edge: &Arc<Edge>) {
-    edge.presence_version.fetch_add(1, Ordering::Relaxed);
+    edge.presence_version.fetch_add(1, Ordering::AcqRel);
     if edge.presence_pending.swap(true, Ordering::AcqRel) {
         return;
     }
     let edge = edge.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(COALESCE).await;
-        edge.presence_pending.store(false, Ordering::Release);
-        // Encoded once: the list goes to every connection.
-        let payload: Arc<str> = json!({ "presence": list(&edge) }).to_string().into();
-        for conn in edge.connections().iter().filter(|c| c.can_read()) {
-            conn.outbox.broadcast_encoded("presence", &payload, true);
+        loop {
+            tokio::time::sleep(COALESCE).await;
+            let version = edge.presence_version.load(Ordering::Acquire);
+            // Encoded once: the list goes to every connection.
+            let payload: Arc<str> = json!({ "presence": list(&edge) }).to_string().into();
+            let mut sent = 0u64;
+            for conn in edge.connections().iter().filter(|c| c.can_read()) {
+                conn.outbox.broadcast_encoded("presence", &payload, true);
+                sent += payload.len() as u64;
+            }
+            let budget = edge.config.presence_bytes_per_second.max(1);
+            let paid = std::time::Duration::from_secs_f64(sent as f64 / budget as f64);
+            tokio::time::sleep(paid.saturating_sub(COALESCE)).await;
+            if edge.presence_version.load(Ordering::Acquire) != version {
+                continue;
+            }
+            edge.presence_pending.store(false, Ordering::Release);
+            // A change between the check and the store found the task
+            // still pending and left it to this one: take it back, unless
+            // a new task already has.
+            if edge.presence_version.load(Ordering::Acquire) == version
+                || edge.presence_pending.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
         }
     });
 }
