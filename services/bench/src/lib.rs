@@ -52,20 +52,26 @@
 //!
 //! - (a) `ws echo`: a bare WebSocket server speaking the same frames: the
 //!   challenge, `hello-ok`, a `res` for every `req`, and for `chat.send` the
-//!   run played back (lifecycle, one `agent` + `chat` delta per echo chunk,
-//!   `--echo-pace` before each, the final) to every connection, as the edge
-//!   broadcasts. The floor of `connect`, `health` and `fanout`. (The edge's
-//!   `health` reads the store; the floor does not.)
+//!   run played back to every connection, as the edge broadcasts: lifecycle,
+//!   then one `agent` assistant + `chat` delta per echo chunk, each after
+//!   `--echo-pace`, then the end and the `chat` final. (The coordinator
+//!   coalesces deltas, one per 150 ms by default, so the real path sends
+//!   fewer.) The floor of `connect`, `health` and `fanout`. (The edge's
+//!   `health` also reads the store; the floor does not.)
 //! - (b) `ws+2 gRPC`: (a) whose `chat.send` first calls service A's
 //!   `RunCoordinator/Submit` over loopback, whose handler calls service B's
 //!   `SessionStore/CreateRun` over loopback, with the messages the edge and
 //!   the coordinator send (an owner token, the run spec as JSON) and
-//!   handlers that only answer (every other method is UNIMPLEMENTED).
+//!   handlers that only answer (every other method is UNIMPLEMENTED). Its
+//!   runs are played to their sender only: it is the request path's floor,
+//!   not the broadcast's.
 //! - (c) `ws+2 gRPC+commit`: (b) where B commits the run record in the
 //!   embedded store (`session-store`'s redb backend, fsync'd, its default
-//!   group commit) before answering, as admission does. The floor of
+//!   group commit, the partitions leased as a static coordinator leases
+//!   them) before answering, as admission does. The floor of
 //!   `chat.send ack` and of `complete run` (whose floor is thus admission
-//!   plus the echo's pacing, with none of execution's commits).
+//!   plus the echo's pacing, with none of execution's commits and no
+//!   broadcast).
 //!
 //! `idle` and `startup` have no floor.
 //!

@@ -256,11 +256,13 @@ async fn main() -> anyhow::Result<()> {
             None => direct(args.direct).await,
         }
     };
-    // An interrupt drops the work (its processes are killed with it) and
-    // then the databases it made.
+    // SIGINT or SIGTERM drops the work (the processes it started are
+    // killed with it), then the databases it made go.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let outcome = tokio::select! {
         outcome = work => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
     };
     stores::drop_leftovers().await;
     let (rows, floors) = outcome?;

@@ -1,12 +1,12 @@
-//! `clawgate-bench suite`: the whole table in one command. It measures the
-//! floors once, then for each backend (the embedded store in a temp
+//! `clawgate-bench suite`: the whole table in one command. For each backend (the embedded store in a temp
 //! directory; PostgreSQL in a fresh database `clawgate_bench_<uuid>`,
 //! dropped after) and each topology (the all-in-one `clawgate`; split:
 //! `session-store`, `run-coordinator`, `gateway-edge`, each its own
 //! process), starts the real binaries from `--bin-dir` on port 0 with the
 //! echo runtime, runs every gateway scenario against the edge, stops them
 //! (SIGTERM, SIGKILL after a deadline, on error too), and last measures
-//! `startup` on that backend.
+//! `startup` on that backend. Last, with nothing else running, it measures
+//! the floors once.
 
 use std::path::PathBuf;
 
@@ -32,8 +32,6 @@ pub struct SuitePlan {
 
 /// The rows of every topology on every backend, and the floors' rows.
 pub async fn run(plan: &SuitePlan) -> (Vec<Row>, Vec<Row>) {
-    eprintln!("measuring the floors");
-    let floors = floor::measure(&plan.load, plan.settings.echo).await;
     let mut rows = Vec::new();
     for backend in &plan.backends {
         for &topology in &plan.topologies {
@@ -54,6 +52,8 @@ pub async fn run(plan: &SuitePlan) -> (Vec<Row>, Vec<Row>) {
             });
         }
     }
+    eprintln!("measuring the floors");
+    let floors = floor::measure(&plan.load, plan.settings.echo).await;
     (rows, floors)
 }
 

@@ -165,7 +165,11 @@ async fn start_servers(
             }
         };
         let (socket, address) = listener().await?;
-        tokio::spawn(ws::serve(ws::Hub::new(echo, coordinator), socket));
+        let broadcast = kind == FloorKind::Echo;
+        tokio::spawn(ws::serve(
+            ws::Hub::new(echo, coordinator, broadcast),
+            socket,
+        ));
         urls.push((kind, format!("ws://{address}")));
     }
     Ok(urls)

@@ -3,10 +3,12 @@
 //! `hello-ok`, and every `req` with a `res` (each request on a task of its
 //! own, answers and events through the connection's outbox, as the edge
 //! does). `chat.send` is admitted through service A when there is one
-//! (floors b and c), then its run is played back to every connection:
-//! lifecycle start, per echo chunk (after the pace) an `agent` assistant
-//! and a `chat` delta, lifecycle end and the `chat` final, each with the
-//! connection's own `seq`.
+//! (floors b and c), then its run is played back: lifecycle start, per
+//! echo chunk (after the pace) an `agent` assistant and a `chat` delta,
+//! lifecycle end and the `chat` final, each with the connection's own
+//! `seq`; to every connection, as the edge broadcasts, on the floor of
+//! `fanout` (a), and to the sender only on the request path's floors (b,
+//! c), so that what they measure is the request path, not the broadcast.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,24 +38,31 @@ pub struct Hub {
     echo: Echo,
     /// Service A, for floors (b) and (c).
     coordinator: Option<Coordinator>,
+    /// Runs are played to every connection (else to their sender).
+    broadcast: bool,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
     next_conn: AtomicU64,
 }
 
 impl Hub {
-    pub fn new(echo: Echo, coordinator: Option<Coordinator>) -> Arc<Self> {
+    pub fn new(echo: Echo, coordinator: Option<Coordinator>, broadcast: bool) -> Arc<Self> {
         Arc::new(Self {
             echo,
             coordinator,
+            broadcast,
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
         })
     }
 
-    /// Sends an event to every connection.
-    fn broadcast(&self, name: &str, payload: &Value) {
+    /// Sends a run's event to every connection, or to its sender.
+    fn deliver(&self, sender: &Arc<Conn>, name: &str, payload: &Value) {
         let payload = payload.to_string();
-        let conns: Vec<Arc<Conn>> = self.conns.lock().unwrap().values().cloned().collect();
+        let conns: Vec<Arc<Conn>> = if self.broadcast {
+            self.conns.lock().unwrap().values().cloned().collect()
+        } else {
+            vec![sender.clone()]
+        };
         for conn in conns {
             let seq = conn.seq.fetch_add(1, Ordering::Relaxed) + 1;
             let _ = conn.outbox.send(format!(
@@ -109,7 +118,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> anyhow::Result<()> {
                         let request: Value = serde_json::from_str(&text)?;
                         let (hub, conn, requester) = (hub.clone(), conn.clone(), conn_id.clone());
                         tokio::spawn(async move {
-                            let answer = answer(&hub, &request, requester).await;
+                            let answer = answer(&hub, &conn, &request, requester).await;
                             let _ = conn.outbox.send(answer);
                         });
                     }
@@ -147,7 +156,7 @@ fn hello(conn_id: &str) -> Value {
 }
 
 /// The `res` frame for `request`.
-async fn answer(hub: &Arc<Hub>, request: &Value, requester: String) -> String {
+async fn answer(hub: &Arc<Hub>, conn: &Arc<Conn>, request: &Value, requester: String) -> String {
     let id = &request["id"];
     let params = &request["params"];
     let payload = match request["method"].as_str() {
@@ -181,6 +190,7 @@ async fn answer(hub: &Arc<Hub>, request: &Value, requester: String) -> String {
             }
             tokio::spawn(play(
                 hub.clone(),
+                conn.clone(),
                 run_id.to_owned(),
                 session,
                 message.to_owned(),
@@ -210,7 +220,7 @@ fn split_chunks(text: &str, chunks: usize) -> Vec<String> {
 }
 
 /// Plays a run back to every connection, paced as the echo runtime.
-async fn play(hub: Arc<Hub>, run_id: String, session: String, message: String) {
+async fn play(hub: Arc<Hub>, sender: Arc<Conn>, run_id: String, session: String, message: String) {
     let started = now_ms();
     let agent = |stream: &str, data: Value, seq: u64| {
         json!({
@@ -219,7 +229,8 @@ async fn play(hub: Arc<Hub>, run_id: String, session: String, message: String) {
         })
     };
     let chat_message = |text: &str| json!({ "role": "assistant", "content": [{ "type": "text", "text": text }], "timestamp": now_ms() });
-    hub.broadcast(
+    hub.deliver(
+        &sender,
         "agent",
         &agent(
             "lifecycle",
@@ -233,11 +244,13 @@ async fn play(hub: Arc<Hub>, run_id: String, session: String, message: String) {
         tokio::time::sleep(hub.echo.pace).await;
         seq += 1;
         text.push_str(&chunk);
-        hub.broadcast(
+        hub.deliver(
+            &sender,
             "agent",
             &agent("assistant", json!({ "text": text, "delta": chunk }), seq),
         );
-        hub.broadcast(
+        hub.deliver(
+            &sender,
             "chat",
             &json!({
                 "runId": run_id, "sessionKey": session, "agentId": "main", "seq": seq,
@@ -250,8 +263,9 @@ async fn play(hub: Arc<Hub>, run_id: String, session: String, message: String) {
         "phase": "end", "startedAt": started, "endedAt": now_ms(), "aborted": false,
         "stopReason": "stop", "status": "ok",
     });
-    hub.broadcast("agent", &agent("lifecycle", end, seq));
-    hub.broadcast(
+    hub.deliver(&sender, "agent", &agent("lifecycle", end, seq));
+    hub.deliver(
+        &sender,
         "chat",
         &json!({
             "runId": run_id, "sessionKey": session, "agentId": "main", "seq": seq,

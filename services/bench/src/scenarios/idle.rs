@@ -106,6 +106,7 @@ async fn hold(plan: &Plan) -> anyhow::Result<(crate::scenarios::idle::Memory, St
             async move { (index, Client::connect_with(&url, &token, &options).await) }
         })
         .buffer_unordered(CONNECT_CONCURRENCY);
+    let opening_started = Instant::now();
     let mut readers = Vec::with_capacity(wanted);
     let mut failure = None;
     while let Some((index, opened)) = opening.next().await {
@@ -126,6 +127,7 @@ async fn hold(plan: &Plan) -> anyhow::Result<(crate::scenarios::idle::Memory, St
     }
     drop(opening);
     let opened = readers.len();
+    let opening_took = opening_started.elapsed();
     let result = match failure {
         Some(e) => Err(anyhow::anyhow!(
             "opened {opened} of {wanted} idle connections, then: {e:#} ({})",
@@ -144,6 +146,7 @@ async fn hold(plan: &Plan) -> anyhow::Result<(crate::scenarios::idle::Memory, St
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             };
+            let settling = opening_started.elapsed() - opening_took;
             let after_kib = vm_rss_kib(pid)?;
             let memory = Memory {
                 opened,
@@ -151,14 +154,17 @@ async fn hold(plan: &Plan) -> anyhow::Result<(crate::scenarios::idle::Memory, St
                 after_kib,
             };
             let mut note = format!(
-                "gateway VmRSS {:.1} → {:.1} MiB: {:.2} KiB per connection",
+                "gateway VmRSS {:.1} → {:.1} MiB: {:.2} KiB per connection; opened in {:.1} s, \
+                 then {:.1} s until each had the last presence list",
                 before_kib as f64 / 1024.0,
                 after_kib as f64 / 1024.0,
-                memory.per_connection_kib()
+                memory.per_connection_kib(),
+                opening_took.as_secs_f64(),
+                settling.as_secs_f64(),
             );
             if behind > 0 {
                 note.push_str(&format!(
-                    "; {behind} connections never saw the last presence list"
+                    "; {behind} connections never saw it (waited {SETTLE:?})"
                 ));
             }
             Ok((memory, note))
