@@ -80,6 +80,21 @@ pub async fn resolve(url: &str, like: Option<IpAddr>) -> anyhow::Result<SocketAd
         .with_context(|| format!("{host} has no address of the family wanted"))
 }
 
+/// An upgrade's failure, with what the gateway said when it refused.
+fn refusal(error: tokio_tungstenite::tungstenite::Error) -> anyhow::Error {
+    match error {
+        tokio_tungstenite::tungstenite::Error::Http(response) => {
+            let body = response.body().as_deref().unwrap_or_default();
+            anyhow::anyhow!(
+                "the upgrade was refused: HTTP {} {:?}",
+                response.status(),
+                String::from_utf8_lossy(body).trim()
+            )
+        }
+        other => other.into(),
+    }
+}
+
 impl Client {
     /// Opens a socket and completes the handshake with read and write
     /// scopes; the time from opening the TCP connection to `hello-ok`.
@@ -98,6 +113,7 @@ impl Client {
             None => {
                 tokio_tungstenite::connect_async_with_config(url, None, true)
                     .await
+                    .map_err(refusal)
                     .with_context(|| format!("connecting to {url}"))?
                     .0
             }
@@ -117,6 +133,7 @@ impl Client {
                 stream.set_nodelay(true)?;
                 tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream))
                     .await
+                    .map_err(refusal)
                     .with_context(|| format!("upgrading to a WebSocket at {url}"))?
                     .0
             }
