@@ -125,6 +125,11 @@ pub struct EdgeConfig {
     /// Per-connection send buffer, bytes (advertised as policy.maxBufferedBytes).
     #[arg(long, env = "EDGE_MAX_BUFFERED_BYTES", default_value_t = limits::EDGE_MAX_BUFFERED_BYTES)]
     pub max_buffered_bytes: usize,
+    /// The largest WebSocket frame the edge writes, payload bytes: a longer
+    /// message goes out as continuation frames, so that no connection's
+    /// write buffer keeps more than this (it keeps its largest frame).
+    #[arg(long, env = "EDGE_SOCKET_FRAME_BYTES", default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(512..))]
+    pub socket_frame_bytes: usize,
     /// Kernel send buffer per socket, bytes. Kept modest so that a client
     /// that stops reading backs up into the outbox, where the slow-consumer
     /// policy applies, rather than into kernel memory.

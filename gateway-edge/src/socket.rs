@@ -54,8 +54,46 @@ async fn close_over_limit(socket: &mut Socket, code: u16, reason: &str) {
     .await;
 }
 
-async fn send_text(socket: &mut Socket, text: String) -> bool {
-    socket.send(Message::text(text)).await.is_ok()
+async fn send_text(socket: &mut Socket, text: String, frame_bytes: usize) -> bool {
+    write_text(socket, text, frame_bytes).await.is_ok()
+}
+
+/// Writes one text message, as frames of at most `frame_bytes` of payload
+/// (a first `Text` frame, then `Continue` frames, split at character
+/// boundaries). The WebSocket library stages every frame it writes in a
+/// buffer that keeps its largest size, so an idle connection would hold the
+/// largest message it was ever sent (a `hello-ok` with its presence list,
+/// a history page); fragmenting bounds that buffer by `frame_bytes`.
+async fn write_text(
+    socket: &mut Socket,
+    text: String,
+    frame_bytes: usize,
+) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    if text.len() <= frame_bytes {
+        return socket.send(Message::text(text)).await;
+    }
+    let bytes = tokio_tungstenite::tungstenite::Bytes::from(text);
+    let mut start = 0;
+    while start < bytes.len() {
+        let mut end = (start + frame_bytes.max(4)).min(bytes.len());
+        // A fragment ends on a character boundary (UTF-8 continuation
+        // bytes are 0b10xx_xxxx), so each one is valid text by itself.
+        while end < bytes.len() && (bytes[end] & 0xC0) == 0x80 {
+            end -= 1;
+        }
+        let opcode = if start == 0 {
+            Data::Text
+        } else {
+            Data::Continue
+        };
+        let last = end == bytes.len();
+        let frame = Frame::message(bytes.slice(start..end), OpCode::Data(opcode), last);
+        socket.feed(Message::Frame(frame)).await?;
+        start = end;
+    }
+    socket.flush().await
 }
 
 /// The text of a data frame (binary is accepted as UTF-8; invalid UTF-8 is
@@ -101,9 +139,11 @@ pub async fn run(
 ) {
     let nonce = uuid::Uuid::new_v4().to_string();
     let challenge = json!({ "nonce": nonce, "ts": now_ms() });
+    let frame_bytes = edge.config.socket_frame_bytes;
     if !send_text(
         &mut socket,
         frames::event("connect.challenge", &challenge, None),
+        frame_bytes,
     )
     .await
     {
@@ -159,7 +199,8 @@ pub async fn run(
                 edge.presence_version
                     .load(std::sync::atomic::Ordering::Relaxed)
             );
-            if !send_text(&mut socket, frames::ok_response(&request.id, hello)).await {
+            let hello = frames::ok_response(&request.id, hello);
+            if !send_text(&mut socket, hello, frame_bytes).await {
                 edge.unregister(conn.id);
                 return;
             }
@@ -170,6 +211,7 @@ pub async fn run(
             let _ = send_text(
                 &mut socket,
                 frames::error_response(&request.id, &rejection.error, None),
+                frame_bytes,
             )
             .await;
             close(&mut socket, rejection.close_code, &rejection.close_reason).await;
@@ -289,6 +331,7 @@ async fn serve_connection(
     ticks.tick().await;
     // A frame over the limit is still arriving when the socket closes.
     let mut over_limit = false;
+    let frame_bytes = edge.config.socket_frame_bytes;
     let order = loop {
         tokio::select! {
             biased;
@@ -300,7 +343,7 @@ async fn serve_connection(
                 conn.outbox.broadcast("shutdown", &payload, false);
                 // Flush what is queued, including the shutdown event.
                 while let Ok(frame) = reader.rx.try_recv() {
-                    let _ = socket.send(Message::text(frame.into_text())).await;
+                    let _ = write_text(&mut socket, frame.into_text(), frame_bytes).await;
                 }
                 break Some(CloseOrder { code: 1012, reason: "service restart".into() });
             }
@@ -311,7 +354,7 @@ async fn serve_connection(
                 // A peer that stops reading blocks this write; a close order
                 // (slow consumer, shutdown) must still get through.
                 let sent = tokio::select! {
-                    sent = socket.send(Message::text(frame)) => sent,
+                    sent = write_text(&mut socket, frame, frame_bytes) => sent,
                     () = conn.outbox.closing.cancelled() => break conn.outbox.close_order(),
                     () = edge.shutdown.cancelled() => break Some(CloseOrder { code: 1012, reason: "service restart".into() }),
                 };
