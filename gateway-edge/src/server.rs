@@ -45,11 +45,14 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
     has(UPGRADE, "websocket") && has(CONNECTION, "upgrade")
 }
 
-/// Small buffers keep an idle connection cheap.
+/// Small buffers keep an idle connection cheap. The write buffer gathers
+/// the frames of one batch (`socket::write_batch`) into system calls of
+/// about this size; it keeps its largest size, which stays near it because
+/// no frame is longer than `--socket-frame-bytes`.
 pub fn websocket_config(max_payload: usize) -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(4096)
-        .write_buffer_size(0)
+        .write_buffer_size(2048)
         .max_message_size(Some(max_payload))
         .max_frame_size(Some(max_payload))
 }

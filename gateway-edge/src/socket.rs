@@ -16,13 +16,14 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::conn::{ClientInfo, CloseOrder, Conn, Outbox, OutboxReader};
+use crate::conn::{ClientInfo, CloseOrder, Conn, OutFrame, Outbox, OutboxReader};
 use crate::edge::{Edge, PreauthSlot};
 use crate::frames::{self, ErrorShape, FrameError, parse_request};
 use crate::handshake::{self, Rejection};
 use crate::preauth_io::{Guarded, PreauthGuard};
 
 type Socket = WebSocketStream<Guarded<TokioIo<hyper::upgrade::Upgraded>>>;
+type WsError = tokio_tungstenite::tungstenite::Error;
 
 async fn close(socket: &mut Socket, code: u16, reason: &str) {
     let frame = CloseFrame {
@@ -64,15 +65,45 @@ async fn send_text(socket: &mut Socket, text: String, frame_bytes: usize) -> boo
 /// buffer that keeps its largest size, so an idle connection would hold the
 /// largest message it was ever sent (a `hello-ok` with its presence list,
 /// a history page); fragmenting bounds that buffer by `frame_bytes`.
-async fn write_text(
+async fn write_text(socket: &mut Socket, text: String, frame_bytes: usize) -> Result<(), WsError> {
+    feed_text(socket, text, frame_bytes).await?;
+    socket.flush().await
+}
+
+/// Frames of a batch are written together, up to this many.
+const WRITE_BATCH: usize = 64;
+
+/// Writes `first` and what else is queued already (up to `WRITE_BATCH`
+/// frames), flushing once: a fan-out queues several events at once (a run's
+/// `agent` and `chat` event), and each write is a system call. Returns the
+/// outcome and the bytes taken from the outbox.
+async fn write_batch(
     socket: &mut Socket,
-    text: String,
+    first: OutFrame,
+    queued: &mut tokio::sync::mpsc::UnboundedReceiver<OutFrame>,
     frame_bytes: usize,
-) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+) -> (Result<(), WsError>, usize) {
+    let (mut next, mut bytes, mut count) = (Some(first), 0, 0);
+    while let Some(frame) = next.take() {
+        bytes += frame.len();
+        if let Err(err) = feed_text(socket, frame.into_text(), frame_bytes).await {
+            return (Err(err), bytes);
+        }
+        count += 1;
+        if count < WRITE_BATCH {
+            next = queued.try_recv().ok();
+        }
+    }
+    (socket.flush().await, bytes)
+}
+
+/// `write_text` without the flush: the frames reach the socket once the
+/// library's write buffer is full or flushed.
+async fn feed_text(socket: &mut Socket, text: String, frame_bytes: usize) -> Result<(), WsError> {
     use tokio_tungstenite::tungstenite::protocol::frame::Frame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
     if text.len() <= frame_bytes {
-        return socket.send(Message::text(text)).await;
+        return socket.feed(Message::text(text)).await;
     }
     let bytes = tokio_tungstenite::tungstenite::Bytes::from(text);
     let mut start = 0;
@@ -93,7 +124,7 @@ async fn write_text(
         socket.feed(Message::Frame(frame)).await?;
         start = end;
     }
-    socket.flush().await
+    Ok(())
 }
 
 /// The text of a data frame (binary is accepted as UTF-8; invalid UTF-8 is
@@ -349,12 +380,10 @@ async fn serve_connection(
             }
             frame = reader.rx.recv() => {
                 let Some(frame) = frame else { break None };
-                let bytes = frame.len();
-                let frame = frame.into_text();
                 // A peer that stops reading blocks this write; a close order
                 // (slow consumer, shutdown) must still get through.
-                let sent = tokio::select! {
-                    sent = write_text(&mut socket, frame, frame_bytes) => sent,
+                let (sent, bytes) = tokio::select! {
+                    sent = write_batch(&mut socket, frame, &mut reader.rx, frame_bytes) => sent,
                     () = conn.outbox.closing.cancelled() => break conn.outbox.close_order(),
                     () = edge.shutdown.cancelled() => break Some(CloseOrder { code: 1012, reason: "service restart".into() }),
                 };
