@@ -1,7 +1,8 @@
 //! Presence: who is connected to this edge. `hello-ok.snapshot.presence`
 //! holds the gateway itself and its operator connections; a `presence`
 //! event with the whole list goes to every connection that may read when
-//! one connects or leaves. Presence is per edge replica: each lists its own
+//! one leaves (a connect only bumps the version: the newcomer has the list
+//! in its `hello-ok`, as with the protocol's own gateway). Presence is per edge replica: each lists its own
 //! connections. The list holds at most `--presence-max-entries` connections
 //! (the newest), changes within `COALESCE` go out as one event, and the
 //! events together take at most `--presence-bytes-per-second`, so a burst of

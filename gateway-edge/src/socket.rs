@@ -225,6 +225,11 @@ pub async fn run(
             // moment the client learns it is connected reaches it; events
             // queue in the outbox, which is written only after hello-ok.
             edge.register(conn.clone());
+            // A connect only bumps the presence version (the protocol's
+            // gateway does the same): the new client has the list in its
+            // hello-ok, the others see it at the next change.
+            edge.presence_version
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             hello["snapshot"]["presence"] = json!(crate::presence::list(&edge));
             hello["snapshot"]["stateVersion"]["presence"] = json!(
                 edge.presence_version
@@ -235,7 +240,6 @@ pub async fn run(
                 edge.unregister(conn.id);
                 return;
             }
-            crate::presence::broadcast(&edge);
             (conn, reader)
         }
         Err(rejection) => {
