@@ -16,8 +16,10 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// How long any one frame may take before the scenario fails.
-pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an answer, or a run's end, may take before the scenario
+/// fails; other frames arriving meanwhile (ticks, other runs' events) do
+/// not extend it.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The scopes of a client that sends.
 pub const READ_WRITE: &[&str] = &["operator.read", "operator.write"];
@@ -146,7 +148,7 @@ impl Client {
             deltas: Vec::new(),
             ended: 0,
         };
-        let challenge = client.frame().await?;
+        let challenge = client.frame(Instant::now() + OPERATION_TIMEOUT).await?;
         if challenge["event"] != "connect.challenge" {
             bail!("expected connect.challenge, got {challenge}");
         }
@@ -185,12 +187,13 @@ impl Client {
             .context("sending a frame")
     }
 
-    /// The next JSON frame (a watched run's `chat` event noted first).
-    async fn frame(&mut self) -> anyhow::Result<Value> {
+    /// The next JSON frame (a watched run's `chat` event noted first), if
+    /// it comes before `deadline`.
+    async fn frame(&mut self, deadline: Instant) -> anyhow::Result<Value> {
         loop {
-            let message = tokio::time::timeout(ANSWER_TIMEOUT, self.socket.next())
+            let message = tokio::time::timeout_at(deadline, self.socket.next())
                 .await
-                .context("no frame in time")?;
+                .with_context(|| format!("nothing awaited came within {OPERATION_TIMEOUT:?}"))?;
             match message {
                 Some(Ok(Message::Text(text))) => {
                     let at = Instant::now();
@@ -232,8 +235,9 @@ impl Client {
 
     /// Frames until the answer to `id` (events are counted, not kept).
     async fn answer(&mut self, id: &str) -> anyhow::Result<Value> {
+        let deadline = Instant::now() + OPERATION_TIMEOUT;
         loop {
-            let frame = self.frame().await?;
+            let frame = self.frame(deadline).await?;
             if frame["type"] == "res" && frame["id"] == id {
                 return Ok(frame);
             }
@@ -265,8 +269,9 @@ impl Client {
         run_id: &str,
         from: Instant,
     ) -> anyhow::Result<Duration> {
+        let deadline = Instant::now() + OPERATION_TIMEOUT;
         loop {
-            let frame = self.frame().await?;
+            let frame = self.frame(deadline).await?;
             let payload = &frame["payload"];
             let ended = frame["event"] == "chat"
                 && payload["runId"] == run_id
@@ -282,11 +287,20 @@ impl Client {
         }
     }
 
-    /// Reads frames until `runs` watched runs ended.
+    /// Reads frames until `runs` watched runs ended; fails when watched
+    /// runs make no progress for [`OPERATION_TIMEOUT`].
     pub async fn until_ended(&mut self, runs: usize) -> anyhow::Result<()> {
+        let mut deadline = Instant::now() + OPERATION_TIMEOUT;
+        let mut progress = (self.ended, self.deltas.len());
         while self.ended < runs {
-            self.frame().await?;
+            self.frame(deadline)
+                .await
+                .with_context(|| format!("{} of {runs} watched runs ended", self.ended))?;
             self.events += 1;
+            if (self.ended, self.deltas.len()) != progress {
+                progress = (self.ended, self.deltas.len());
+                deadline = Instant::now() + OPERATION_TIMEOUT;
+            }
         }
         Ok(())
     }

@@ -53,11 +53,22 @@ impl Target {
 /// count; then `fanout`. A scenario that fails is a row saying so.
 pub async fn run(plan: &Plan, target: &Target) -> Vec<Row> {
     let mut rows = Vec::new();
+    let started = Instant::now();
+    let progress = |what: String| {
+        eprintln!(
+            "  [{:>6.1} s] {what} on {} ({})",
+            started.elapsed().as_secs_f64(),
+            target.topology,
+            target.backend
+        )
+    };
     if plan.scenarios.contains(&Scenario::Idle) {
+        progress(format!("idle, {} connections", plan.idle));
         rows.push(idle::measure(plan, target).await);
     }
     for &connections in &plan.connections {
         for &scenario in plan.scenarios.iter().filter(|s| s.per_connection_count()) {
+            progress(format!("{}, {connections} connections", scenario.key()));
             let outcome = match looping(plan, scenario, connections).await {
                 Ok(stats) => Outcome::Latency(stats),
                 Err(e) => Outcome::Failed(format!("{e:#}")),
@@ -66,8 +77,10 @@ pub async fn run(plan: &Plan, target: &Target) -> Vec<Row> {
         }
     }
     if plan.scenarios.contains(&Scenario::Fanout) {
+        progress(format!("fanout, {} watchers", plan.watchers));
         rows.push(fanout::measure(plan, target).await);
     }
+    progress("done".into());
     rows
 }
 
