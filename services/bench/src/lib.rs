@@ -30,11 +30,11 @@
 //!   nothing was dropped (a shortfall is noted).
 //! - `idle`: `--idle` authenticated connections (`operator.read`) that only
 //!   read; the gateway process's `VmRSS` (`/proc/<pid>/status`, the pid from
-//!   `--edge-pid` or the suite) before opening them and once each has seen
-//!   the presence list that names the last one opened (the broadcasts of
-//!   the connect burst are out), divided by the connections: the marginal
-//!   resident memory per idle connection, including what the allocator
-//!   kept from the burst. To a loopback gateway the sockets come from
+//!   `--edge-pid` or the suite) before opening them and once the burst is
+//!   over (each has seen the presence list that names the last one opened,
+//!   or no presence list came for a second: a gateway may send none on a
+//!   connect), divided by the connections: the marginal resident memory per
+//!   idle connection, including what the allocator kept from the burst. To a loopback gateway the sockets come from
 //!   127.0.0.2–127.0.0.9 in turn, so ephemeral ports do not run out; a
 //!   socket limit (`RLIMIT_NOFILE`, in the bench or in the gateway) that
 //!   stops it is an error row that says how far it got.
