@@ -19,7 +19,7 @@ type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 /// How long an answer, or a run's end, may take before the scenario
 /// fails; other frames arriving meanwhile (ticks, other runs' events) do
 /// not extend it.
-pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(120);
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The scopes of a client that sends.
 pub const READ_WRITE: &[&str] = &["operator.read", "operator.write"];
@@ -256,7 +256,10 @@ impl Client {
         let started = Instant::now();
         self.send(&json!({ "type": "req", "id": id, "method": method, "params": params }))
             .await?;
-        let answer = self.answer(&id).await?;
+        let answer = self
+            .answer(&id)
+            .await
+            .with_context(|| format!("waiting for the answer to {method}"))?;
         if answer["ok"] != true {
             bail!("{method} failed: {}", answer["error"]);
         }
@@ -271,7 +274,10 @@ impl Client {
     ) -> anyhow::Result<Duration> {
         let deadline = Instant::now() + OPERATION_TIMEOUT;
         loop {
-            let frame = self.frame(deadline).await?;
+            let frame = self
+                .frame(deadline)
+                .await
+                .with_context(|| format!("waiting for run {run_id} to end"))?;
             let payload = &frame["payload"];
             let ended = frame["event"] == "chat"
                 && payload["runId"] == run_id

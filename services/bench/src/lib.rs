@@ -53,10 +53,12 @@
 //! - (a) `ws echo`: a bare WebSocket server speaking the same frames: the
 //!   challenge, `hello-ok`, a `res` for every `req`, and for `chat.send` the
 //!   run played back to every connection, as the edge broadcasts: lifecycle,
-//!   then one `agent` assistant + `chat` delta per echo chunk, each after
-//!   `--echo-pace`, then the end and the `chat` final. (The coordinator
-//!   coalesces deltas, one per 150 ms by default, so the real path sends
-//!   fewer.) The floor of `connect`, `health` and `fanout`. (The edge's
+//!   the echo's chunks (`--echo-chunks`, one every `--echo-pace`) as
+//!   `agent` assistant + `chat` delta pairs, coalesced to one pair per
+//!   150 ms as the coordinator does by default (so a run has as many events
+//!   as on the real path), then the end and the `chat` final; what is
+//!   queued for a socket goes out in one flush, as the edge writes. The
+//!   floor of `connect`, `health` and `fanout`. (The edge's
 //!   `health` also reads the store; the floor does not.)
 //! - (b) `ws+2 gRPC`: (a) whose `chat.send` first calls service A's
 //!   `RunCoordinator/Submit` over loopback, whose handler calls service B's

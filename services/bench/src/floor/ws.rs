@@ -3,9 +3,10 @@
 //! `hello-ok`, and every `req` with a `res` (each request on a task of its
 //! own, answers and events through the connection's outbox, as the edge
 //! does). `chat.send` is admitted through service A when there is one
-//! (floors b and c), then its run is played back: lifecycle start, per
-//! echo chunk (after the pace) an `agent` assistant and a `chat` delta,
-//! lifecycle end and the `chat` final, each with the connection's own
+//! (floors b and c), then its run is played back: lifecycle start, the
+//! echo's chunks (one every pace) as `agent` assistant and `chat` delta
+//! pairs coalesced as the coordinator does, lifecycle end and the `chat`
+//! final, each with the connection's own
 //! `seq`; to every connection, as the edge broadcasts, on the floor of
 //! `fanout` (a), and to the sender only on the request path's floors (b,
 //! c), so that what they measure is the request path, not the broadcast.
@@ -13,6 +14,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use clawgate_proto::run_coordinator::v1 as rc;
 use futures::{SinkExt, StreamExt};
@@ -20,12 +22,20 @@ use serde_json::{Value, json};
 use session_store_api::store::now_ms;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tonic::transport::Channel;
 
 use crate::Echo;
 
 type Coordinator = rc::run_coordinator_client::RunCoordinatorClient<Channel>;
+
+/// Deltas go out at most once per this, as the coordinator coalesces them
+/// (its `--delta-interval` default): the same events per run as the real
+/// path.
+const DELTA_INTERVAL: Duration = Duration::from_millis(150);
+/// Frames written per flush at most.
+const WRITE_BATCH: usize = 64;
 
 struct Conn {
     outbox: mpsc::UnboundedSender<String>,
@@ -126,7 +136,16 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> anyhow::Result<()> {
                     Some(Ok(_)) => {}
                     Some(Err(e)) => return Err(e.into()),
                 },
-                Some(frame) = outgoing.recv() => socket.send(Message::text(frame)).await?,
+                Some(frame) = outgoing.recv() => {
+                    // What is queued goes out in one flush, as the edge's
+                    // writer does.
+                    socket.feed(Message::text(frame)).await?;
+                    for _ in 1..WRITE_BATCH {
+                        let Ok(frame) = outgoing.try_recv() else { break };
+                        socket.feed(Message::text(frame)).await?;
+                    }
+                    socket.flush().await?;
+                }
             }
         }
     };
@@ -240,23 +259,46 @@ async fn play(hub: Arc<Hub>, sender: Arc<Conn>, run_id: String, session: String,
     );
     let mut seq = 1;
     let mut text = String::new();
-    for chunk in split_chunks(&message, hub.echo.chunks) {
-        tokio::time::sleep(hub.echo.pace).await;
+    // What is not sent yet, and when a delta last went out.
+    let mut pending = String::new();
+    let mut last_sent: Option<Instant> = None;
+    let mut send_delta = |pending: &mut String, text: &str, last_sent: &mut Option<Instant>| {
         seq += 1;
-        text.push_str(&chunk);
         hub.deliver(
             &sender,
             "agent",
-            &agent("assistant", json!({ "text": text, "delta": chunk }), seq),
+            &agent("assistant", json!({ "text": text, "delta": pending }), seq),
         );
         hub.deliver(
             &sender,
             "chat",
             &json!({
                 "runId": run_id, "sessionKey": session, "agentId": "main", "seq": seq,
-                "state": "delta", "deltaText": chunk, "message": chat_message(&text),
+                "state": "delta", "deltaText": pending, "message": chat_message(text),
             }),
         );
+        pending.clear();
+        *last_sent = Some(Instant::now());
+    };
+    for chunk in split_chunks(&message, hub.echo.chunks) {
+        let next = Instant::now() + hub.echo.pace;
+        // A pending delta due before the next chunk goes out on time.
+        if let Some(due) = last_sent.map(|at| at + DELTA_INTERVAL)
+            && !pending.is_empty()
+            && due < next
+        {
+            tokio::time::sleep_until(due).await;
+            send_delta(&mut pending, &text, &mut last_sent);
+        }
+        tokio::time::sleep_until(next).await;
+        pending.push_str(&chunk);
+        text.push_str(&chunk);
+        if last_sent.is_none_or(|at| at.elapsed() >= DELTA_INTERVAL) {
+            send_delta(&mut pending, &text, &mut last_sent);
+        }
+    }
+    if !pending.is_empty() {
+        send_delta(&mut pending, &text, &mut last_sent);
     }
     seq += 1;
     let end = json!({
