@@ -136,6 +136,13 @@ pub struct Plan {
     pub idle: usize,
     /// The gateway's process, for `idle`.
     pub edge_pid: Option<u32>,
+    /// Open loop: each connection starts a request of `health`, `ack` and
+    /// `run` this long after the start of its last one (or at once when
+    /// the last answer came later), so the offered load is `connections /
+    /// pace` per second whatever the answers take. `None`: closed loop,
+    /// each request at once after the last answer (latency is then the
+    /// connections over the throughput).
+    pub pace: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -121,6 +121,11 @@ struct Load {
     /// Prefix of the session keys the load uses.
     #[arg(long, default_value = "bench")]
     session_prefix: String,
+    /// Open loop: each connection starts a request this long after its last
+    /// one started (e.g. 500ms: 256 connections offer 512 per second), so
+    /// the load is offered whatever the answers take; unset: closed loop.
+    #[arg(long, value_parser = clawgate_common::parse_duration)]
+    pace: Option<Duration>,
 }
 
 impl Load {
@@ -158,6 +163,7 @@ impl Load {
             watchers: self.watchers,
             idle: self.idle,
             edge_pid: None,
+            pace: self.pace,
         })
     }
 

@@ -121,7 +121,7 @@ async fn looping(plan: &Plan, scenario: Scenario, connections: usize) -> anyhow:
         .enumerate()
         .map(|(index, (client, _))| {
             let session = format!("{}-{}-{index}", plan.session_prefix, &tag[..8]);
-            tokio::spawn(drive(client, scenario, plan.requests, session))
+            tokio::spawn(drive(client, scenario, plan.requests, plan.pace, session))
         })
         .collect();
     let mut samples = Vec::with_capacity(connections * plan.requests);
@@ -136,10 +136,18 @@ async fn drive(
     mut client: Client,
     scenario: Scenario,
     requests: usize,
+    pace: Option<Duration>,
     session: String,
 ) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::with_capacity(requests);
+    // Connections start spread over one pace, not all at once.
+    let mut next =
+        Instant::now() + pace.map_or(Duration::ZERO, |p| p.mul_f64(rand_fraction(&session)));
     for n in 0..requests {
+        if let Some(pace) = pace {
+            tokio::time::sleep_until(next).await;
+            next = Instant::now() + pace;
+        }
         let send = || {
             json!({
                 "sessionKey": session, "message": format!("bench message {n}"),
@@ -160,4 +168,13 @@ async fn drive(
         });
     }
     Ok(samples)
+}
+
+/// A fraction in [0, 1) that depends on `key` only (where in its pace a
+/// connection starts).
+fn rand_fraction(key: &str) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % 10_000) as f64 / 10_000.0
 }
