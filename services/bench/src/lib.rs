@@ -34,10 +34,11 @@
 //!   over (each has seen the presence list that names the last one opened,
 //!   or no presence list came for a second: a gateway may send none on a
 //!   connect), divided by the connections: the marginal resident memory per
-//!   idle connection, including what the allocator kept from the burst. To a loopback gateway the sockets come from
-//!   127.0.0.2–127.0.0.9 in turn, so ephemeral ports do not run out; a
-//!   socket limit (`RLIMIT_NOFILE`, in the bench or in the gateway) that
-//!   stops it is an error row that says how far it got.
+//!   idle connection, including what the allocator kept from the burst. To
+//!   a loopback gateway the sockets come from 127.0.0.2–127.0.0.9 in turn,
+//!   so ephemeral ports do not run out; a socket limit (`RLIMIT_NOFILE`, in
+//!   the bench or in the gateway) that stops it is an error row that says
+//!   how far it got.
 //! - `startup`: the all-in-one `clawgate` started on a fresh store (a temp
 //!   dir, or a fresh PostgreSQL database) with every listener on port 0;
 //!   spawn → the address line → its `/readyz` answers 200 (polled every
@@ -73,7 +74,9 @@
 //!   them) before answering, as admission does. The floor of
 //!   `chat.send ack` and of `complete run` (whose floor is thus admission
 //!   plus the echo's pacing, with none of execution's commits and no
-//!   broadcast).
+//!   broadcast). The all-in-one's coordinator calls its store in process,
+//!   so its admission makes one gRPC hop fewer than (c): a ratio below 1
+//!   there is that hop.
 //!
 //! `idle` and `startup` have no floor.
 //!

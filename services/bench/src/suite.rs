@@ -1,12 +1,12 @@
-//! `clawgate-bench suite`: the whole table in one command. For each backend (the embedded store in a temp
-//! directory; PostgreSQL in a fresh database `clawgate_bench_<uuid>`,
-//! dropped after) and each topology (the all-in-one `clawgate`; split:
-//! `session-store`, `run-coordinator`, `gateway-edge`, each its own
-//! process), starts the real binaries from `--bin-dir` on port 0 with the
-//! echo runtime, runs every gateway scenario against the edge, stops them
-//! (SIGTERM, SIGKILL after a deadline, on error too), and last measures
-//! `startup` on that backend. Last, with nothing else running, it measures
-//! the floors once.
+//! `clawgate-bench suite`: the whole table in one command. For each
+//! backend (the embedded store in a temp directory; PostgreSQL in a fresh
+//! database `clawgate_bench_<uuid>`, dropped after) and each topology (the
+//! all-in-one `clawgate`; split: `session-store`, `run-coordinator`,
+//! `gateway-edge`, each its own process), it starts the real binaries from
+//! `--bin-dir` on port 0 with the echo runtime, runs every gateway scenario
+//! against the edge and stops them (SIGTERM, SIGKILL after a deadline, on
+//! error too); then it measures `startup` on that backend. Last, with
+//! nothing else running, it measures the floors once.
 
 use std::path::PathBuf;
 
