@@ -70,7 +70,13 @@ fn check(spans: &Spans, run_id: &str) -> Result<(), String> {
     let execute = spans.named("run.execute").with_attribute("run.id", run_id);
     let execute = execute.first().ok_or("no run.execute span for the run")?;
     let trace = spans.of_trace(&execute.trace_id());
-    for name in ["chat.send", "run.admit", "store.create_run", "store.start_run", "store.finish_run"] {
+    for name in [
+        "chat.send",
+        "run.admit",
+        "store.create_run",
+        "store.start_run",
+        "store.finish_run",
+    ] {
         if trace.named(name).is_empty() {
             return Err(format!("no {name} span in the run's trace"));
         }
