@@ -163,19 +163,7 @@ impl Limits {
     /// Drops the oldest entries of `entries` (ascending seq) until their
     /// content fits `max_history_chars`; the newest one always stays.
     pub fn trim_to_budget(&self, entries: &mut Vec<TranscriptEntry>) {
-        let budget = self.max_history_chars as usize;
-        let mut used = 0usize;
-        let fitting = entries
-            .iter()
-            .rev()
-            .take_while(|e| {
-                used += e.content_json.chars().count();
-                used <= budget
-            })
-            .count()
-            .max(1);
-        let drop = entries.len().saturating_sub(fitting);
-        entries.drain(..drop);
+        crate::rules::keep_within_chars(entries, self.max_history_chars, true);
     }
 
     /// Resolves the defaults of a history query and checks its ranges.

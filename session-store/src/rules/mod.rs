@@ -659,34 +659,41 @@ pub fn finish_page(
     total: u64,
 ) -> HistoryPage {
     let walk_backwards = !matches!(cursor, HistoryCursor::After(_));
-    let mut has_more = more_beyond;
-    if let Some(budget) = max_chars {
-        if walk_backwards {
-            entries.reverse();
-        }
-        let mut used = 0usize;
-        let fitting = entries
-            .iter()
-            .take_while(|e| {
-                used += e.content_json.chars().count();
-                used <= budget as usize
-            })
-            .count();
-        let keep = fitting.max(1).min(entries.len());
-        if keep < entries.len() {
-            entries.truncate(keep);
-            has_more = true;
-        }
-        if walk_backwards {
-            entries.reverse();
-        }
-    }
+    let cut =
+        max_chars.is_some_and(|budget| keep_within_chars(&mut entries, budget, walk_backwards));
     HistoryPage {
         session_id: Some(session_id),
         entries,
-        has_more,
+        has_more: more_beyond || cut,
         total,
     }
+}
+
+/// Cuts `entries` (ascending seq) to those whose content fits `budget`
+/// characters, spent from the newest backwards (`from_newest`) or from the
+/// oldest on; at least one entry stays, so paging always progresses.
+/// Returns whether any was cut.
+pub fn keep_within_chars(
+    entries: &mut Vec<TranscriptEntry>,
+    budget: u32,
+    from_newest: bool,
+) -> bool {
+    let mut used = 0usize;
+    let mut fits = |e: &&TranscriptEntry| {
+        used += e.content_json.chars().count();
+        used <= budget as usize
+    };
+    let fitting = match from_newest {
+        true => entries.iter().rev().take_while(&mut fits).count(),
+        false => entries.iter().take_while(&mut fits).count(),
+    };
+    let keep = fitting.max(1).min(entries.len());
+    let cut = entries.len() - keep;
+    match from_newest {
+        true => drop(entries.drain(..cut)),
+        false => entries.truncate(keep),
+    }
+    cut > 0
 }
 
 /// The seq range `[lower, upper]` a history page covers and whether entries
