@@ -112,7 +112,9 @@ impl Deltas {
 /// A deadline that never comes (what an unbounded run timeout ends at).
 const FAR_FUTURE: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
 
-fn stale(err: &StoreError) -> bool {
+/// The run no longer holds its session's writer slot (taken over, reset or
+/// deleted): nothing it writes under its fence lands.
+pub(crate) fn stale(err: &StoreError) -> bool {
     matches!(
         err,
         StoreError::StaleWriter { .. } | StoreError::SessionReplaced { .. }
@@ -120,7 +122,7 @@ fn stale(err: &StoreError) -> bool {
 }
 
 /// The run that holds the writer slot now, as a store refusal reports it.
-fn current_writer(err: &StoreError) -> Option<String> {
+pub(crate) fn current_writer(err: &StoreError) -> Option<String> {
     err.current_session()
         .and_then(|s| s.active_writer_run_id.clone())
 }
@@ -209,10 +211,10 @@ impl Inner {
                 return None;
             }
         };
-        let only_release = |held: &Held| LastWrite {
+        let last_write = |entries, decided_ok| LastWrite {
             fence: held.fence(),
-            entries: Vec::new(),
-            decided_ok: false,
+            entries,
+            decided_ok,
         };
         self.emit(
             run,
@@ -234,7 +236,7 @@ impl Inner {
         for companion in &collected {
             if let Err(decision) = self.carry(run, &held, companion).await {
                 run.decide(decision);
-                return Some(only_release(&held));
+                return Some(last_write(Vec::new(), false));
             }
         }
         let turn = self
@@ -242,11 +244,7 @@ impl Inner {
             .instrument(tracing::info_span!("run.runtime"))
             .await;
         let (entries, decided_ok) = self.last_entries(run, &turn);
-        Some(LastWrite {
-            fence: held.fence(),
-            entries,
-            decided_ok,
-        })
+        Some(last_write(entries, decided_ok))
     }
 
     pub(crate) async fn mark_running(&self, run: &Run) -> Result<(), StoreError> {
@@ -299,7 +297,7 @@ impl Inner {
             expected_writer,
             label: run.spec.label.clone(),
             entries: vec![user_entry(&run.spec)],
-            history_limit: self.config.history_entries,
+            history_limit: self.config.history_entries.max(1),
             owner_token: self.owner_token(&run.key),
         };
         let store_failure = |err: StoreError| Decision::failed("store", err.to_string());

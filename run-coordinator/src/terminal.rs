@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::coordinator::{Inner, spec_of};
 use crate::events::{EventBody, LifecyclePhase};
-use crate::executor::LastWrite;
+use crate::executor::{LastWrite, current_writer, stale};
 use crate::model::*;
 use crate::run::{Decision, Phase, Run};
 use crate::trace;
@@ -127,13 +127,10 @@ impl Inner {
                 None => self.store.update_run(self.terminal_update(run)).await,
             };
             match written {
-                Err(err) if last.is_some() && writer_lost(&err) => {
+                Err(err) if last.is_some() && stale(&err) => {
                     let write = last.take().expect("checked above");
                     if write.decided_ok {
-                        let by = err
-                            .current_session()
-                            .and_then(|s| s.active_writer_run_id.clone());
-                        let superseded = Decision::superseded(by);
+                        let superseded = Decision::superseded(current_writer(&err));
                         run.overrule(superseded.clone());
                         settle(run, &superseded);
                     }
@@ -182,17 +179,18 @@ impl Inner {
         }
     }
 
+    /// `terminal_update` with the run's last entries and its fence.
     fn finish_request(&self, run: &Run, write: &LastWrite) -> FinishRun {
-        let state = run.state();
+        let update = self.terminal_update(run);
         FinishRun {
-            run_id: run.id.clone(),
+            run_id: update.run_id,
             key: run.key.clone(),
-            expected_version: state.record_version,
-            status: state.status,
-            outcome_json: serde_json::to_string(&state.outcome).ok(),
+            expected_version: update.expected_version,
+            status: update.status,
+            outcome_json: update.outcome_json,
             writer: Some(write.fence),
             entries: write.entries.clone(),
-            owner_token: self.owner_token(&run.key),
+            owner_token: update.owner_token,
         }
     }
 }
@@ -207,13 +205,4 @@ fn settle(run: &Run, decision: &Decision) {
     }
     state.outcome.error = decision.error.clone();
     state.outcome.superseded_by = decision.superseded_by.clone();
-}
-
-/// The run no longer holds its session's writer slot (taken over, reset or
-/// deleted): its entries cannot be written.
-fn writer_lost(err: &StoreError) -> bool {
-    matches!(
-        err,
-        StoreError::StaleWriter { .. } | StoreError::SessionReplaced { .. }
-    )
 }
