@@ -48,15 +48,11 @@ pub enum OutFrame {
 
 impl OutFrame {
     /// The frame's bytes on the wire (what the byte budget counts).
-    pub fn len(&self) -> usize {
+    pub fn wire_len(&self) -> usize {
         match self {
             Self::Text(text) => text.len(),
             Self::Event { name, payload, seq } => frames::event_frame_len(name, payload, *seq),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The frame's text, as the writer sends it.
@@ -103,7 +99,7 @@ impl Outbox {
         if state.close.is_some() {
             return Delivery::Closed;
         }
-        let bytes = frame.len();
+        let bytes = frame.wire_len();
         if state.queued_bytes + bytes > self.max_bytes {
             if !droppable {
                 self.metrics.slow_consumer_closed();

@@ -168,10 +168,14 @@ pub fn event(name: &str, payload: &Value, seq: Option<u64>) -> String {
 /// `event` wrote before.
 pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
     use std::fmt::Write as _;
-    let name = Value::from(name).to_string();
-    let mut frame = String::with_capacity(event_frame_len_of(name.len(), payload_json, seq));
+    let len = event_frame_len_of(encoded_name_len(name), payload_json, seq);
+    let mut frame = String::with_capacity(len);
     frame.push_str("{\"event\":");
-    frame.push_str(&name);
+    if needs_no_escape(name) {
+        let _ = write!(frame, "\"{name}\"");
+    } else {
+        frame.push_str(&Value::from(name).to_string());
+    }
     frame.push_str(",\"payload\":");
     frame.push_str(payload_json);
     if let Some(seq) = seq {
@@ -183,15 +187,21 @@ pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
 
 /// The length of `event_frame(name, payload_json, seq)`, without building it.
 pub fn event_frame_len(name: &str, payload_json: &str, seq: Option<u64>) -> usize {
-    let name_len = if name
-        .bytes()
+    event_frame_len_of(encoded_name_len(name), payload_json, seq)
+}
+
+/// Whether `name` is its JSON string between quotes (the edge's event
+/// names are: no allocation for them in the per-connection path).
+fn needs_no_escape(name: &str) -> bool {
+    name.bytes()
         .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
-    {
-        name.len() + 2
-    } else {
-        Value::from(name).to_string().len()
-    };
-    event_frame_len_of(name_len, payload_json, seq)
+}
+
+fn encoded_name_len(name: &str) -> usize {
+    match needs_no_escape(name) {
+        true => name.len() + 2,
+        false => Value::from(name).to_string().len(),
+    }
 }
 
 fn event_frame_len_of(encoded_name_len: usize, payload_json: &str, seq: Option<u64>) -> usize {

@@ -2,8 +2,8 @@
 //! holds the gateway itself and its operator connections; a `presence`
 //! event with the whole list goes to every connection that may read when
 //! one leaves (a connect only bumps the version: the newcomer has the list
-//! in its `hello-ok`, as with the protocol's own gateway). Presence is per edge replica: each lists its own
-//! connections. The list holds at most `--presence-max-entries` connections
+//! in its `hello-ok`, as with the protocol's own gateway). Presence is per
+//! edge replica: each lists its own connections. The list holds at most `--presence-max-entries` connections
 //! (the newest), changes within `COALESCE` go out as one event, and the
 //! events together take at most `--presence-bytes-per-second`, so a burst of
 //! connects costs a few broadcasts, not one per connection.
@@ -49,6 +49,12 @@ fn entry(conn: &Conn) -> Value {
 
 /// How long changes are gathered into one `presence` event.
 const COALESCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A connection joined: the version moves, nothing is sent (the newcomer
+/// reads the list in its `hello-ok`, the others at the next change).
+pub fn connected(edge: &Edge) {
+    edge.presence_version.fetch_add(1, Ordering::AcqRel);
+}
 
 /// Tells every connection that may read the new list, soon. One task at a
 /// time sends: it gathers changes for `COALESCE`, sends the list, waits

@@ -85,7 +85,7 @@ async fn write_batch(
 ) -> (Result<(), WsError>, usize) {
     let (mut next, mut bytes, mut count) = (Some(first), 0, 0);
     while let Some(frame) = next.take() {
-        bytes += frame.len();
+        bytes += frame.wire_len();
         if let Err(err) = feed_text(socket, frame.into_text(), frame_bytes).await {
             return (Err(err), bytes);
         }
@@ -225,11 +225,7 @@ pub async fn run(
             // moment the client learns it is connected reaches it; events
             // queue in the outbox, which is written only after hello-ok.
             edge.register(conn.clone());
-            // A connect only bumps the presence version (the protocol's
-            // gateway does the same): the new client has the list in its
-            // hello-ok, the others see it at the next change.
-            edge.presence_version
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            crate::presence::connected(&edge);
             hello["snapshot"]["presence"] = json!(crate::presence::list(&edge));
             hello["snapshot"]["stateVersion"]["presence"] = json!(
                 edge.presence_version
@@ -378,7 +374,7 @@ async fn serve_connection(
                 conn.outbox.broadcast("shutdown", &payload, false);
                 // Flush what is queued, including the shutdown event.
                 while let Ok(frame) = reader.rx.try_recv() {
-                    let _ = write_text(&mut socket, frame.into_text(), frame_bytes).await;
+                    let _ = write_batch(&mut socket, frame, &mut reader.rx, frame_bytes).await;
                 }
                 break Some(CloseOrder { code: 1012, reason: "service restart".into() });
             }
