@@ -8,9 +8,8 @@
 //! ([`DEFAULT_PORTS`]), so a child that would listen on one of them fails at
 //! once, exactly as it would next to a running `clawgate`.
 
-use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -18,6 +17,8 @@ use std::time::Duration;
 use clawgate_telemetry::metrics::http_request;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
+
+pub use clawgate_common::process::service_command;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -25,19 +26,6 @@ use tokio::time::Instant;
 /// How long a process may take to announce its address, and a service to
 /// become ready.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Variable prefixes not inherited from the test's environment: a
-/// developer's shell settings (a store URL, an OTLP endpoint, a log filter)
-/// must not change what a test's process does. Tests set what they need.
-const SCRUBBED_PREFIXES: &[&str] = &[
-    "SESSION_STORE_",
-    "COORDINATOR_",
-    "EDGE_",
-    "OTEL_",
-    "OPENAI_",
-    "RUST_LOG",
-    "LOG_FORMAT",
-];
 
 /// The ports the services listen on by default (the all-in-one's, see the
 /// README): store gRPC and metrics, coordinator gRPC and metrics, the edge.
@@ -56,25 +44,6 @@ fn hold_default_ports() {
             .filter_map(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).ok())
             .collect()
     });
-}
-
-/// A command for the service binary at `path`: none of the developer's
-/// service, OTLP or log settings, no colours, `info` logs (the line that
-/// announces the address is an `info` line).
-pub fn service_command(path: impl AsRef<Path>) -> Command {
-    let mut command = Command::new(path.as_ref());
-    for (key, _) in std::env::vars_os() {
-        if is_scrubbed(&key) {
-            command.env_remove(key);
-        }
-    }
-    command.env("NO_COLOR", "1").env("RUST_LOG", "info");
-    command
-}
-
-fn is_scrubbed(key: &OsString) -> bool {
-    key.to_str()
-        .is_some_and(|k| SCRUBBED_PREFIXES.iter().any(|p| k.starts_with(p)))
 }
 
 /// The exit status of a process that closed its stdout, after its stderr

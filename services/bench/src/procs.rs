@@ -4,7 +4,6 @@
 //! deadline, and on drop). Also what `/proc` says about a process.
 
 use std::collections::VecDeque;
-use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,6 +13,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
+
+pub use clawgate_common::process::service_command;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -26,18 +27,6 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Output lines kept per process for error messages.
 const KEPT_LINES: usize = 200;
-
-/// Variable prefixes not passed on: a developer's shell settings (a store
-/// URL, an OTLP endpoint, a log filter) must not change what is measured.
-const SCRUBBED_PREFIXES: &[&str] = &[
-    "SESSION_STORE_",
-    "COORDINATOR_",
-    "EDGE_",
-    "OTEL_",
-    "OPENAI_",
-    "RUST_LOG",
-    "LOG_FORMAT",
-];
 
 /// How the services of a topology are set.
 #[derive(Debug, Clone)]
@@ -72,25 +61,6 @@ impl Topology {
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.name() == name)
     }
-}
-
-/// A command for the binary at `path`: none of the caller's service, OTLP
-/// or log settings, no colours, `info` logs (the lines that announce the
-/// addresses are `info` lines).
-pub fn service_command(path: &Path) -> Command {
-    let mut command = Command::new(path);
-    for (key, _) in std::env::vars_os() {
-        if is_scrubbed(&key) {
-            command.env_remove(key);
-        }
-    }
-    command.env("NO_COLOR", "1").env("RUST_LOG", "info");
-    command
-}
-
-fn is_scrubbed(key: &OsString) -> bool {
-    key.to_str()
-        .is_some_and(|k| SCRUBBED_PREFIXES.iter().any(|p| k.starts_with(p)))
 }
 
 /// `name` in `dir`, which must exist.

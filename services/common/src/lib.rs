@@ -6,6 +6,7 @@ use std::time::Duration;
 
 pub mod limits;
 pub mod partition;
+pub mod process;
 
 /// Resolves on SIGTERM (Kubernetes) or ctrl-c.
 pub async fn shutdown_signal() {
