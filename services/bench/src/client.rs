@@ -2,11 +2,13 @@
 //! requests matched to their answers by id while events are counted, the
 //! `chat` events of watched runs noted with their arrival time.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
@@ -148,9 +150,20 @@ impl Client {
             deltas: Vec::new(),
             ended: 0,
         };
-        let challenge = client.frame(Instant::now() + OPERATION_TIMEOUT).await?;
-        if challenge["event"] != "connect.challenge" {
-            bail!("expected connect.challenge, got {challenge}");
+        let challenge_name = "connect.challenge";
+        let challenge = client
+            .frame(
+                Instant::now() + OPERATION_TIMEOUT,
+                Some(challenge_name),
+                |frame, text| {
+                    let expected =
+                        frame.is_some_and(|f| f.event.as_deref() == Some(challenge_name));
+                    (!expected).then(|| text.to_owned())
+                },
+            )
+            .await?;
+        if let Some(other) = challenge {
+            bail!("expected connect.challenge, got {other}");
         }
         let mut info = json!({
             "id": "gateway-client", "version": env!("CARGO_PKG_VERSION"),
@@ -168,9 +181,8 @@ impl Client {
             },
         });
         client.send(&connect).await?;
-        let hello = client.answer("connect").await?;
-        if hello["ok"] != true {
-            bail!("connect refused: {}", hello["error"]);
+        if let Err(error) = client.answer("connect").await? {
+            bail!("connect refused: {error}");
         }
         Ok((client, started.elapsed()))
     }
@@ -187,9 +199,19 @@ impl Client {
             .context("sending a frame")
     }
 
-    /// The next JSON frame (a watched run's `chat` event noted first), if
-    /// it comes before `deadline`.
-    async fn frame(&mut self, deadline: Instant) -> anyhow::Result<Value> {
+    /// Reads the next text frame, if it comes before `deadline`, notes it
+    /// if it is a watched run's `chat` event, and hands it to `read`: as it
+    /// came, and parsed if its text holds `awaited` or the watched prefix.
+    /// Other frames are not parsed: with every run's events going to every
+    /// connection, most frames a connection reads are other runs' events,
+    /// and parsing them on the machine's cores would be CPU taken from the
+    /// gateway measured.
+    async fn frame<T>(
+        &mut self,
+        deadline: Instant,
+        awaited: Option<&str>,
+        read: impl FnOnce(Option<&Frame>, &str) -> T,
+    ) -> anyhow::Result<T> {
         loop {
             let message = tokio::time::timeout_at(deadline, self.socket.next())
                 .await
@@ -197,9 +219,13 @@ impl Client {
             match message {
                 Some(Ok(Message::Text(text))) => {
                     let at = Instant::now();
-                    let frame: Value = serde_json::from_str(&text)?;
+                    let watched = self.watch.as_deref().is_some_and(|p| text.contains(p));
+                    if !(watched || awaited.is_some_and(|a| text.contains(a))) {
+                        return Ok(read(None, &text));
+                    }
+                    let frame = Frame::parse(&text)?;
                     self.observe(&frame, at);
-                    return Ok(frame);
+                    return Ok(read(Some(&frame), &text));
                 }
                 Some(Ok(Message::Close(close))) => {
                     bail!("the gateway closed the socket: {close:?}")
@@ -211,46 +237,49 @@ impl Client {
         }
     }
 
-    fn observe(&mut self, frame: &Value, at: Instant) {
+    fn observe(&mut self, frame: &Frame, at: Instant) {
         let Some(prefix) = &self.watch else { return };
-        if frame["event"] != "chat" {
-            return;
-        }
-        let payload = &frame["payload"];
-        let run = payload["runId"]
-            .as_str()
-            .and_then(|id| id.strip_prefix(prefix.as_str()))
+        let Some(chat) = &frame.chat else { return };
+        let run = chat
+            .run_id
+            .strip_prefix(prefix.as_str())
             .and_then(|n| n.parse::<u32>().ok());
         let Some(run) = run else { return };
-        match payload["state"].as_str() {
-            Some("delta") => self.deltas.push(Arrival {
+        match &*chat.state {
+            "delta" => self.deltas.push(Arrival {
                 run,
-                seq: payload["seq"].as_u64().unwrap_or_default(),
+                seq: chat.seq,
                 at,
             }),
-            Some("final" | "aborted" | "error") => self.ended += 1,
+            "final" | "aborted" | "error" => self.ended += 1,
             _ => {}
         }
     }
 
-    /// Frames until the answer to `id` (events are counted, not kept).
-    async fn answer(&mut self, id: &str) -> anyhow::Result<Value> {
+    /// Frames until the answer to `id` (events are counted, not kept):
+    /// `Ok(())`, or its `error` as JSON.
+    async fn answer(&mut self, id: &str) -> anyhow::Result<Result<(), String>> {
         let deadline = Instant::now() + OPERATION_TIMEOUT;
         loop {
-            let frame = self.frame(deadline).await?;
-            if frame["type"] == "res" && frame["id"] == id {
-                return Ok(frame);
+            let answer = self
+                .frame(deadline, Some(id), |frame, text| {
+                    let Some(frame) = frame else { return None };
+                    let answers = frame.kind == "res" && frame.id.as_deref() == Some(id);
+                    answers.then(|| match frame.ok {
+                        Some(true) => Ok(()),
+                        _ => Err(error_of(text)),
+                    })
+                })
+                .await?;
+            match answer {
+                Some(answer) => return Ok(answer),
+                None => self.events += 1,
             }
-            self.events += 1;
         }
     }
 
-    /// Sends `method` and waits for its answer; the answer and the time.
-    pub async fn request(
-        &mut self,
-        method: &str,
-        params: Value,
-    ) -> anyhow::Result<(Value, Duration)> {
+    /// Sends `method` and waits for its answer; the time it took.
+    pub async fn request(&mut self, method: &str, params: Value) -> anyhow::Result<Duration> {
         self.next_id += 1;
         let id = format!("b{}", self.next_id);
         let started = Instant::now();
@@ -260,10 +289,11 @@ impl Client {
             .answer(&id)
             .await
             .with_context(|| format!("waiting for the answer to {method}"))?;
-        if answer["ok"] != true {
-            bail!("{method} failed: {}", answer["error"]);
+        let took = started.elapsed();
+        if let Err(error) = answer {
+            bail!("{method} failed: {error}");
         }
-        Ok((answer, started.elapsed()))
+        Ok(took)
     }
 
     /// Waits for the `chat` event that ends `run_id`; the time from `from`.
@@ -274,18 +304,17 @@ impl Client {
     ) -> anyhow::Result<Duration> {
         let deadline = Instant::now() + OPERATION_TIMEOUT;
         loop {
-            let frame = self
-                .frame(deadline)
+            let ended = self
+                .frame(deadline, Some(run_id), |frame, _| {
+                    let chat = frame?.chat.as_ref()?;
+                    let ends = chat.run_id == run_id && !matches!(&*chat.state, "delta" | "status");
+                    ends.then(|| chat.state.to_string())
+                })
                 .await
                 .with_context(|| format!("waiting for run {run_id} to end"))?;
-            let payload = &frame["payload"];
-            let ended = frame["event"] == "chat"
-                && payload["runId"] == run_id
-                && payload["state"] != "delta"
-                && payload["state"] != "status";
-            if ended {
-                if payload["state"] != "final" {
-                    bail!("run {run_id} ended {}", payload["state"]);
+            if let Some(state) = ended {
+                if state != "final" {
+                    bail!("run {run_id} ended {state}");
                 }
                 return Ok(from.elapsed());
             }
@@ -299,7 +328,7 @@ impl Client {
         let mut deadline = Instant::now() + OPERATION_TIMEOUT;
         let mut progress = (self.ended, self.deltas.len());
         while self.ended < runs {
-            self.frame(deadline)
+            self.frame(deadline, None, |_, _| ())
                 .await
                 .with_context(|| format!("{} of {runs} watched runs ended", self.ended))?;
             self.events += 1;
@@ -321,5 +350,96 @@ impl Client {
                 _ => {}
             }
         }
+    }
+}
+
+/// The parts of a frame the bench reads. Everything else is skipped, not
+/// built: with every run's events fanned out to every connection, parsing
+/// whole frames on the same cores would take CPU from the gateway measured.
+#[derive(Debug, Default, PartialEq)]
+struct Frame<'a> {
+    kind: Cow<'a, str>,
+    id: Option<Cow<'a, str>>,
+    event: Option<Cow<'a, str>>,
+    ok: Option<bool>,
+    /// What a `chat` event says about its run.
+    chat: Option<ChatPayload<'a>>,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+struct ChatPayload<'a> {
+    #[serde(rename = "runId", borrow)]
+    run_id: Cow<'a, str>,
+    #[serde(borrow)]
+    state: Cow<'a, str>,
+    #[serde(default)]
+    seq: u64,
+}
+
+impl<'a> Frame<'a> {
+    fn parse(text: &'a str) -> anyhow::Result<Self> {
+        #[derive(Deserialize)]
+        struct Envelope<'a> {
+            #[serde(rename = "type", borrow)]
+            kind: Cow<'a, str>,
+            #[serde(borrow, default)]
+            id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            event: Option<Cow<'a, str>>,
+            #[serde(default)]
+            ok: Option<bool>,
+        }
+        #[derive(Deserialize)]
+        struct Chat<'a> {
+            #[serde(borrow)]
+            payload: ChatPayload<'a>,
+        }
+        let envelope: Envelope = serde_json::from_str(text)
+            .with_context(|| format!("a frame that is not a protocol frame: {text:.200}"))?;
+        let chat = match envelope.event.as_deref() {
+            Some("chat") => Some(serde_json::from_str::<Chat>(text)?.payload),
+            _ => None,
+        };
+        Ok(Self {
+            kind: envelope.kind,
+            id: envelope.id,
+            event: envelope.event,
+            ok: envelope.ok,
+            chat,
+        })
+    }
+}
+
+/// The `error` of an answer, as JSON (read only when it failed).
+fn error_of(answer: &str) -> String {
+    serde_json::from_str::<Value>(answer).map_or_else(|e| e.to_string(), |v| v["error"].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_is_read_for_its_kind_id_event_and_chat_run() {
+        let res = Frame::parse(r#"{"type":"res","id":"b1","ok":true,"payload":[1,{"a":2}]}"#);
+        assert_eq!(
+            res.unwrap(),
+            Frame {
+                kind: "res".into(),
+                id: Some("b1".into()),
+                ok: Some(true),
+                ..Frame::default()
+            }
+        );
+        let chat = r#"{"type":"event","event":"chat","seq":4,
+            "payload":{"runId":"r\u002d1","sessionKey":"k","seq":3,"state":"delta","message":{}}}"#;
+        let chat = Frame::parse(chat).unwrap();
+        assert_eq!(chat.event.as_deref(), Some("chat"));
+        let payload = chat.chat.unwrap();
+        assert_eq!(
+            (&*payload.run_id, &*payload.state, payload.seq),
+            ("r-1", "delta", 3)
+        );
+        assert!(Frame::parse(r#"{"event":"tick"}"#).is_err());
     }
 }

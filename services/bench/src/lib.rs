@@ -13,7 +13,12 @@
 //! - `ack`: `chat.send` → its ACK, each connection on its own session, runs
 //!   executing meanwhile (each send a followup turn of the connection's
 //!   session);
-//! - `run`: `chat.send` → the run's `chat` final (a complete run).
+//! - `run`: `chat.send` → the run's `chat` final (a complete run), each
+//!   connection's next send after its last run ended; its ACKs are a row
+//!   of their own, `chat.send ack, runs executing`: the sync phase while
+//!   up to one run per connection executes and fans out (the load of a
+//!   user who waits for the reply, where `ack`'s sends queue runs faster
+//!   than they can execute).
 //!
 //! The others run once:
 //!
@@ -131,6 +136,9 @@ pub struct Plan {
     pub connections: Vec<usize>,
     /// Operations per connection in the looping scenarios; runs in `fanout`.
     pub requests: usize,
+    /// Operations per connection made before those counted, in the
+    /// looping scenarios but `connect`.
+    pub warmup: usize,
     /// Prefix of the session keys (one session per connection).
     pub session_prefix: String,
     /// Read-only connections in `fanout`.
@@ -153,6 +161,8 @@ pub enum Scenario {
     Connect,
     Health,
     Ack,
+    /// The ACKs of `run` (not selectable: `run` measures them).
+    BusyAck,
     Run,
     Fanout,
     Idle,
@@ -176,6 +186,7 @@ impl Scenario {
             Self::Connect => "connect",
             Self::Health => "health",
             Self::Ack => "ack",
+            Self::BusyAck => "run",
             Self::Run => "run",
             Self::Fanout => "fanout",
             Self::Idle => "idle",
@@ -189,6 +200,7 @@ impl Scenario {
             Self::Connect => "connect",
             Self::Health => "health",
             Self::Ack => "chat.send ack",
+            Self::BusyAck => "chat.send ack, runs executing",
             Self::Run => "complete run",
             Self::Fanout => "fanout delivery",
             Self::Idle => "idle memory",
@@ -210,7 +222,7 @@ impl Scenario {
         use floor::FloorKind;
         match self {
             Self::Connect | Self::Health | Self::Fanout => Some(FloorKind::Echo),
-            Self::Ack | Self::Run => Some(FloorKind::Commit),
+            Self::Ack | Self::BusyAck | Self::Run => Some(FloorKind::Commit),
             Self::Idle | Self::Startup => None,
         }
     }

@@ -102,6 +102,11 @@ struct Load {
     /// Operations per connection in health, ack and run; runs in fanout.
     #[arg(long, default_value_t = 100)]
     requests: usize,
+    /// Operations each connection makes first, in health, ack and run,
+    /// that are not counted: every connection's first request arrives
+    /// with every other's (a burst of admissions, not the steady state).
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
     /// Read-only connections in fanout.
     #[arg(long, default_value_t = 1000)]
     watchers: usize,
@@ -159,6 +164,7 @@ impl Load {
             scenarios,
             connections,
             requests: self.requests,
+            warmup: self.warmup,
             session_prefix: self.session_prefix.clone(),
             watchers: self.watchers,
             idle: self.idle,

@@ -82,6 +82,7 @@ async fn every_scenario_reports_beside_its_floor() {
         ("connect", "(a)"),
         ("health", "(a)"),
         ("chat.send ack", "(c)"),
+        ("chat.send ack, runs executing", "(c)"),
         ("complete run", "(c)"),
     ] {
         for connections in [1, 3] {
@@ -106,6 +107,10 @@ async fn every_scenario_reports_beside_its_floor() {
         ("health", "floor (a) ws echo"),
         ("chat.send ack", "floor (b) ws+2 gRPC"),
         ("chat.send ack", "floor (c) ws+2 gRPC+commit"),
+        (
+            "chat.send ack, runs executing",
+            "floor (c) ws+2 gRPC+commit",
+        ),
         ("complete run", "floor (c) ws+2 gRPC+commit"),
     ] {
         for connections in [1, 3] {

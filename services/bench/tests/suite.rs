@@ -39,7 +39,14 @@ async fn the_suite_reports_every_scenario_on_every_system() {
     .await;
     for backend in ["embedded", "postgres"] {
         for topology in ["all-in-one", "split"] {
-            for scenario in ["connect", "health", "chat.send ack", "complete run"] {
+            let scenarios = [
+                "connect",
+                "health",
+                "chat.send ack",
+                "chat.send ack, runs executing",
+                "complete run",
+            ];
+            for scenario in scenarios {
                 assert_measured(&printed, scenario, topology, backend, 2);
             }
             assert_measured(&printed, "fanout delivery", topology, backend, 3);

@@ -69,11 +69,15 @@ pub async fn run(plan: &Plan, target: &Target) -> Vec<Row> {
     for &connections in &plan.connections {
         for &scenario in plan.scenarios.iter().filter(|s| s.per_connection_count()) {
             progress(format!("{}, {connections} connections", scenario.key()));
-            let outcome = match looping(plan, scenario, connections).await {
-                Ok(stats) => Outcome::Latency(stats),
-                Err(e) => Outcome::Failed(format!("{e:#}")),
-            };
-            rows.push(target.row(scenario, Some(connections), outcome, ""));
+            match looping(plan, scenario, connections).await {
+                Ok(measured) => rows.extend(measured.into_iter().map(|(scenario, stats)| {
+                    target.row(scenario, Some(connections), Outcome::Latency(stats), "")
+                })),
+                Err(e) => {
+                    let outcome = Outcome::Failed(format!("{e:#}"));
+                    rows.push(target.row(scenario, Some(connections), outcome, ""));
+                }
+            }
         }
     }
     if plan.scenarios.contains(&Scenario::Fanout) {
@@ -102,7 +106,13 @@ pub async fn connect_many(
         .await
 }
 
-async fn looping(plan: &Plan, scenario: Scenario, connections: usize) -> anyhow::Result<Stats> {
+/// One looping scenario at one connection count: its figures, and for
+/// `run` also those of its ACKs ([`Scenario::BusyAck`]).
+async fn looping(
+    plan: &Plan,
+    scenario: Scenario,
+    connections: usize,
+) -> anyhow::Result<Vec<(Scenario, Stats)>> {
     let started = Instant::now();
     let opened = connect_many(&plan.url, &plan.token, connections, |_| {
         ConnectOptions::default()
@@ -110,7 +120,7 @@ async fn looping(plan: &Plan, scenario: Scenario, connections: usize) -> anyhow:
     .await?;
     if scenario == Scenario::Connect {
         let samples = opened.iter().map(|(_, took)| *took).collect();
-        return Ok(Stats::of(samples, started.elapsed()));
+        return Ok(vec![(scenario, Stats::of(samples, started.elapsed()))]);
     }
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let started = Instant::now();
@@ -121,29 +131,45 @@ async fn looping(plan: &Plan, scenario: Scenario, connections: usize) -> anyhow:
         .enumerate()
         .map(|(index, (client, _))| {
             let session = format!("{}-{}-{index}", plan.session_prefix, &tag[..8]);
-            tokio::spawn(drive(client, scenario, plan.requests, plan.pace, session))
+            let requests = plan.warmup..plan.warmup + plan.requests;
+            tokio::spawn(drive(client, scenario, requests, plan.pace, session))
         })
         .collect();
-    let mut samples = Vec::with_capacity(connections * plan.requests);
+    let mut samples = Samples::default();
     for task in tasks {
-        samples.extend(task.await??);
+        let done = task.await??;
+        samples.main.extend(done.main);
+        samples.acks.extend(done.acks);
     }
-    Ok(Stats::of(samples, started.elapsed()))
+    let wall = started.elapsed();
+    let mut measured = vec![(scenario, Stats::of(samples.main, wall))];
+    if scenario == Scenario::Run {
+        measured.insert(0, (Scenario::BusyAck, Stats::of(samples.acks, wall)));
+    }
+    Ok(measured)
 }
 
-/// One connection's part of a looping scenario.
+/// One connection's samples: the scenario's, and the ACKs of `run`.
+#[derive(Default)]
+struct Samples {
+    main: Vec<Duration>,
+    acks: Vec<Duration>,
+}
+
+/// One connection's part of a looping scenario: `counted.end` requests,
+/// those before `counted.start` not sampled (warm-up).
 async fn drive(
     mut client: Client,
     scenario: Scenario,
-    requests: usize,
+    counted: std::ops::Range<usize>,
     pace: Option<Duration>,
     session: String,
-) -> anyhow::Result<Vec<Duration>> {
-    let mut samples = Vec::with_capacity(requests);
+) -> anyhow::Result<Samples> {
+    let mut samples = Samples::default();
     // Connections start spread over one pace, not all at once.
     let mut next =
         Instant::now() + pace.map_or(Duration::ZERO, |p| p.mul_f64(rand_fraction(&session)));
-    for n in 0..requests {
+    for n in 0..counted.end {
         if let Some(pace) = pace {
             tokio::time::sleep_until(next).await;
             next = Instant::now() + pace;
@@ -154,18 +180,21 @@ async fn drive(
                 "idempotencyKey": format!("{session}-{n}"), "queueMode": "followup",
             })
         };
-        samples.push(match scenario {
-            Scenario::Health => client.request("health", json!({})).await?.1,
-            Scenario::Ack => client.request("chat.send", send()).await?.1,
+        let (sample, ack) = match scenario {
+            Scenario::Health => (client.request("health", json!({})).await?, None),
+            Scenario::Ack => (client.request("chat.send", send()).await?, None),
             Scenario::Run => {
                 let started = Instant::now();
-                client.request("chat.send", send()).await?;
-                client
-                    .until_chat_end(&format!("{session}-{n}"), started)
-                    .await?
+                let ack = client.request("chat.send", send()).await?;
+                let run_id = format!("{session}-{n}");
+                (client.until_chat_end(&run_id, started).await?, Some(ack))
             }
             other => unreachable!("{other:?} is not a looping scenario"),
-        });
+        };
+        if counted.contains(&n) {
+            samples.main.push(sample);
+            samples.acks.extend(ack);
+        }
     }
     Ok(samples)
 }
