@@ -363,6 +363,11 @@ async fn serve_connection(
     // A frame over the limit is still arriving when the socket closes.
     let mut over_limit = false;
     let frame_bytes = edge.config.socket_frame_bytes;
+    // Requests are read before queued events are written: under a heavy
+    // fan-out the outbox is rarely empty, and a request read only once it
+    // is (a `chat.send` waiting behind other runs' events) would spend its
+    // sync-phase budget there. A peer that floods requests delays only its
+    // own events (and its outbox's byte budget still bounds them).
     let order = loop {
         tokio::select! {
             biased;
@@ -378,6 +383,16 @@ async fn serve_connection(
                 }
                 break Some(CloseOrder { code: 1012, reason: "service restart".into() });
             }
+            message = socket.next() => match incoming(message) {
+                Incoming::Text(text, _) => crate::methods::dispatch(&edge, &conn, &text),
+                Incoming::TooLarge => {
+                    over_limit = true;
+                    // As the WebSocket library of the OpenClaw gateway words it.
+                    break Some(CloseOrder { code: 1009, reason: "Max payload size exceeded".into() });
+                }
+                Incoming::Closed => break None,
+                Incoming::Ignore => {}
+            },
             frame = reader.rx.recv() => {
                 let Some(frame) = frame else { break None };
                 // A peer that stops reading blocks this write; a close order
@@ -395,16 +410,6 @@ async fn serve_connection(
             _ = ticks.tick() => {
                 conn.outbox.broadcast("tick", &json!({ "ts": now_ms() }), false);
             }
-            message = socket.next() => match incoming(message) {
-                Incoming::Text(text, _) => crate::methods::dispatch(&edge, &conn, &text),
-                Incoming::TooLarge => {
-                    over_limit = true;
-                    // As the WebSocket library of the OpenClaw gateway words it.
-                    break Some(CloseOrder { code: 1009, reason: "Max payload size exceeded".into() });
-                }
-                Incoming::Closed => break None,
-                Incoming::Ignore => {}
-            },
         }
     };
     edge.unregister(conn.id);
