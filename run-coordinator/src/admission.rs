@@ -240,6 +240,7 @@ impl Inner {
                 owner: self.epoch.clone(),
                 request_json,
                 owner_token: Some(self.ownership.token(&req.session_key)?),
+                expected_settings: req.expected_settings,
             })
             .await?;
         if !created.created {

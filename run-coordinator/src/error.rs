@@ -26,6 +26,9 @@ pub enum CoordinatorError {
         message: String,
         leader: Option<String>,
     },
+    /// The session's settings are not those the request was made from.
+    #[error("{0}")]
+    SettingsChanged(String),
     #[error("session store unavailable: {0}")]
     StoreUnavailable(String),
     #[error("{0}")]
@@ -44,6 +47,7 @@ impl CoordinatorError {
             Self::SessionBusy { .. } => "SESSION_BUSY",
             Self::Draining => "DRAINING",
             Self::NotOwner { .. } => "NOT_OWNER",
+            Self::SettingsChanged(_) => "SETTINGS_CHANGED",
             Self::StoreUnavailable(_) => "STORE_UNAVAILABLE",
             Self::Internal(_) => "INTERNAL",
         }
@@ -55,6 +59,7 @@ impl From<StoreError> for CoordinatorError {
         match err {
             StoreError::InvalidArgument(message) => Self::InvalidArgument(message),
             StoreError::Unavailable(message) => Self::StoreUnavailable(message),
+            StoreError::SettingsChanged(message) => Self::SettingsChanged(message),
             StoreError::StaleOwner { message, current } => Self::NotOwner {
                 message: format!("this coordinator no longer owns the partition: {message}"),
                 leader: current

@@ -72,6 +72,10 @@ pub struct SubmitRequest {
     pub run_id: String,
     pub session_key: SessionKey,
     pub spec: RunSpec,
+    /// The digest of the session settings the spec was made from: admitted
+    /// only if they are still the session's (`NewRun::expected_settings`).
+    /// Not part of the fingerprint.
+    pub expected_settings: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -32,6 +32,7 @@ fn request(run_id: &str, session: &str) -> SubmitRequest {
             label: None,
             attachments: Vec::new(),
         },
+        expected_settings: None,
     }
 }
 

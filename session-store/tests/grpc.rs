@@ -417,6 +417,7 @@ async fn refusals_quoting_large_input_or_records_stay_within_the_trailer_budget(
             status: RunStatus::Accepted,
             owner: "o".into(),
             request_json: serde_json::json!({ "m": big }).to_string(),
+            expected_settings: None,
         })
         .await
         .unwrap();

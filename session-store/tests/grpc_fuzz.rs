@@ -154,6 +154,7 @@ fn seeds(seeded: &Seeded) -> Seeds {
                 status: pb::RunStatus::Accepted as i32,
                 owner: "fuzz-owner".into(),
                 request_json: "{}".into(),
+                expected_settings_digest: None,
             },
         )
         .with(
@@ -240,6 +241,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
                 status,
                 owner: "fuzz-owner".into(),
                 request_json: "{}".into(),
+                expected_settings: None,
             })
             .await
             .unwrap();
@@ -256,6 +258,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
             status: RunStatus::Accepted,
             owner: "fuzz-owner".into(),
             request_json: serde_json::json!({ "message": "m".repeat(64 * 1024) }).to_string(),
+            expected_settings: None,
         })
         .await
         .unwrap();

@@ -95,6 +95,7 @@ pub fn submit_from_pb(r: pb::SubmitRequest) -> Result<SubmitRequest, Coordinator
                 .collect(),
         },
         run_id: r.run_id,
+        expected_settings: r.expected_settings_digest,
     })
 }
 

@@ -22,6 +22,8 @@ pub fn to_status(err: CoordinatorError) -> Status {
         }
         CoordinatorError::Draining => (Code::Unavailable, pb::ErrorCode::Draining),
         CoordinatorError::NotOwner { .. } => (Code::Unavailable, pb::ErrorCode::NotOwner),
+        // Nothing was admitted: re-read the session, submit again.
+        CoordinatorError::SettingsChanged(_) => (Code::Aborted, pb::ErrorCode::SettingsChanged),
         CoordinatorError::StoreUnavailable(_) => {
             (Code::Unavailable, pb::ErrorCode::StoreUnavailable)
         }

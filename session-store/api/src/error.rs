@@ -34,6 +34,10 @@ pub enum StoreError {
         message: String,
         current: Option<Box<Lease>>,
     },
+    /// CreateRun's `expected_settings` is not the digest of the session's
+    /// settings now, or the session is gone.
+    #[error("{0}")]
+    SettingsChanged(String),
     #[error("run {0:?} not found")]
     RunNotFound(String),
     #[error("run version conflict: expected version {expected}, the record is at {}", current.version)]
@@ -67,6 +71,7 @@ impl StoreError {
             Self::SessionReplaced { .. } => "SESSION_REPLACED",
             Self::WriterConflict { .. } => "WRITER_CONFLICT",
             Self::StaleOwner { .. } => "STALE_OWNER",
+            Self::SettingsChanged(_) => "SETTINGS_CHANGED",
             Self::RunNotFound(_) => "RUN_NOT_FOUND",
             Self::RunVersionConflict { .. } => "RUN_VERSION_CONFLICT",
             Self::RunTerminal { .. } => "RUN_TERMINAL",

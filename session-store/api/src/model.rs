@@ -318,6 +318,23 @@ pub struct NewRun {
     /// The coordinator's ownership of the session's partition; `None` only
     /// for a partition nobody has ever owned.
     pub owner_token: Option<OwnerToken>,
+    /// `Some`: the run was made from the session's settings with this
+    /// [`settings_digest`], read before; the record is created only if the
+    /// session exists with those settings still, else `SettingsChanged`.
+    /// An existing record is returned whatever the settings.
+    pub expected_settings: Option<u64>,
+}
+
+/// A digest of a session's `settings_json` (64-bit FNV-1a of its bytes):
+/// what a caller that read the settings passes to CreateRun as
+/// `expected_settings`. Written out, not `std`'s hasher, so that every
+/// build of every service computes the same value.
+pub fn settings_digest(settings_json: &str) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    settings_json.bytes().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(PRIME)
+    })
 }
 
 #[derive(Debug, Clone)]

@@ -555,6 +555,25 @@ pub fn new_run_record(new: &NewRun, now_ms: i64) -> RunRecord {
     }
 }
 
+/// CreateRun's check of the settings the run was made from (`None`: the
+/// session has no row); only a record about to be created is checked.
+pub fn check_settings(settings_json: Option<&str>, new: &NewRun) -> Result<(), StoreError> {
+    let Some(expected) = new.expected_settings else {
+        return Ok(());
+    };
+    match settings_json {
+        Some(settings) if settings_digest(settings) == expected => Ok(()),
+        Some(_) => Err(StoreError::SettingsChanged(format!(
+            "the settings of session {} changed since they were read",
+            new.session_key
+        ))),
+        None => Err(StoreError::SettingsChanged(format!(
+            "session {} is gone since its settings were read",
+            new.session_key
+        ))),
+    }
+}
+
 /// CreateRun against an existing record: nothing changes.
 pub fn existing_run(existing: RunRecord, new: &NewRun) -> CreateRunOutcome {
     CreateRunOutcome {

@@ -136,6 +136,7 @@ pub fn new_run(run_id: &str, k: &SessionKey, fingerprint: &str) -> NewRun {
         status: RunStatus::Accepted,
         owner: "coordinator-1".to_owned(),
         request_json: r#"{"message":"hi"}"#.to_owned(),
+        expected_settings: None,
     }
 }
 
@@ -906,6 +907,7 @@ macro_rules! conformance_cases {
             settings_survive_reset_not_delete,
             settings_size_limit,
             settings_patch_needs_no_owner_token,
+            create_run_checks_the_settings_it_was_made_from,
             start_run_is_one_commit,
             start_run_history_is_bounded,
             a_refused_start_run_writes_nothing,

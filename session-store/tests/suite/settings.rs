@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use session_store::model::*;
 use session_store::rules::DEFAULT_MAX_SETTINGS_BYTES;
-use session_store::{SessionKey, SessionStore};
+use session_store::{SessionKey, SessionStore, StoreError};
 
 use super::{acquire, append_req, history_all, key};
 
@@ -458,4 +458,73 @@ pub async fn concurrent_settings_patches_all_land(store: Arc<dyn SessionStore>) 
         expected.insert(format!("u{task}"), json!(PATCHES_PER_TASK - 1));
     }
     assert_eq!(stored_settings(&*store, &k).await, Value::Object(expected));
+}
+
+/// CreateRun with `expected_settings`: created only while the session has
+/// those settings; a refusal writes nothing; an existing record answers
+/// whatever the settings.
+pub async fn create_run_checks_the_settings_it_was_made_from(store: &dyn SessionStore) {
+    let k = key("settings-admission");
+    let made_from = |run_id: &str, digest| NewRun {
+        expected_settings: Some(digest),
+        ..super::new_run(run_id, &k, "fp")
+    };
+    let none_yet = store
+        .create_run(made_from("a-0", settings_digest("{}")))
+        .await;
+    assert!(
+        matches!(none_yet, Err(StoreError::SettingsChanged(_))),
+        "no session, no settings to match: {none_yet:?}"
+    );
+    assert!(
+        store.get_run("a-0").await.unwrap().is_none(),
+        "nothing written"
+    );
+
+    let created = store
+        .patch_session(patch_req(&k, json!({}), true))
+        .await
+        .unwrap();
+    let read = settings_digest(&created.session.settings_json);
+    let admitted = store.create_run(made_from("a-1", read)).await.unwrap();
+    assert!(admitted.created);
+
+    patch(store, &k, json!({ "model": "gpt-5" })).await;
+    let stale = store.create_run(made_from("a-2", read)).await;
+    assert!(
+        matches!(stale, Err(StoreError::SettingsChanged(_))),
+        "the settings changed after they were read: {stale:?}"
+    );
+    assert!(
+        store.get_run("a-2").await.unwrap().is_none(),
+        "nothing written"
+    );
+    let now = settings_digest(&store.get_session(&k).await.unwrap().unwrap().settings_json);
+    assert_ne!(now, read);
+    assert!(
+        store
+            .create_run(made_from("a-2", now))
+            .await
+            .unwrap()
+            .created
+    );
+
+    // A retry of an admitted run is answered from its record.
+    let retried = store.create_run(made_from("a-1", read)).await.unwrap();
+    assert!(!retried.created && !retried.fingerprint_mismatch);
+    // Without an expectation nothing is checked.
+    assert!(
+        store
+            .create_run(super::new_run("a-3", &k, "fp"))
+            .await
+            .unwrap()
+            .created
+    );
+
+    store.delete_session(&k, true).await.unwrap();
+    let gone = store.create_run(made_from("a-4", now)).await;
+    assert!(
+        matches!(gone, Err(StoreError::SettingsChanged(_))),
+        "the session is gone: {gone:?}"
+    );
 }

@@ -163,6 +163,8 @@ impl Unary for Submitter {
             owner: self.ownership.member.clone(),
             request_json: spec.to_string(),
             owner_token: Some(self.ownership.token(&submit.session_key)),
+            // The floor's sessions have no settings to check.
+            expected_settings_digest: None,
         };
         let created = self.store.clone().create_run(create).await?.into_inner();
         let record = created.record.unwrap_or_default();

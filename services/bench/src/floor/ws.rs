@@ -198,6 +198,7 @@ async fn answer(hub: &Arc<Hub>, conn: &Arc<Conn>, request: &Value, requester: St
                     requester,
                     label: None,
                     attachments: Vec::new(),
+                    expected_settings_digest: None,
                 };
                 if let Err(status) = coordinator.clone().submit(submit).await {
                     return json!({

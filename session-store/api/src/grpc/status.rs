@@ -25,7 +25,9 @@ fn grpc_code(err: &StoreError) -> Code {
         | StoreError::StaleOwner { .. }
         | StoreError::RunTerminal { .. } => Code::FailedPrecondition,
         // Lost a compare-and-swap race: re-read and decide again.
-        StoreError::WriterConflict { .. } | StoreError::RunVersionConflict { .. } => Code::Aborted,
+        StoreError::WriterConflict { .. }
+        | StoreError::RunVersionConflict { .. }
+        | StoreError::SettingsChanged(_) => Code::Aborted,
         StoreError::RunNotFound(_) => Code::NotFound,
         StoreError::Unavailable(_) => Code::Unavailable,
         StoreError::Internal(_) => Code::Internal,
@@ -40,6 +42,7 @@ fn detail_code(err: &StoreError) -> pb::ErrorCode {
         StoreError::SessionReplaced { .. } => C::SessionReplaced,
         StoreError::WriterConflict { .. } => C::WriterConflict,
         StoreError::StaleOwner { .. } => C::StaleOwner,
+        StoreError::SettingsChanged(_) => C::SettingsChanged,
         StoreError::RunNotFound(_) => C::RunNotFound,
         StoreError::RunVersionConflict { .. } => C::RunVersionConflict,
         StoreError::RunTerminal { .. } => C::RunTerminal,
@@ -163,6 +166,7 @@ pub fn from_status(status: Status) -> StoreError {
                 .clone()
                 .map(|l| Box::new(lease_from_pb(l))),
         },
+        C::SettingsChanged => StoreError::SettingsChanged(message),
         C::RunNotFound => StoreError::RunNotFound(detail.run_id.clone().unwrap_or_default()),
         C::RunVersionConflict => match run() {
             Some(current) => StoreError::RunVersionConflict {

@@ -432,6 +432,23 @@ impl SessionStore for PostgresStore {
             &to_db(r.version), &r.created_at_ms, &r.updated_at_ms, &r.started_at_ms, &r.ended_at_ms,
             &r.owner, &r.request_json, &r.outcome_json, &session_id, &fence,
         ];
+        if new.expected_settings.is_some() {
+            // Unlocked: a patch that commits after this read is ordered
+            // after the admission, as if it had come a moment later.
+            let row = fetch_opt(&tx, SELECT_SESSION, &[&new.session_key.as_str()]).await?;
+            let slot = row.as_ref().map(slot_from_row).transpose()?;
+            let settings = slot.as_ref().and_then(|s| s.current.as_ref());
+            if let Err(changed) =
+                rules::check_settings(settings.map(|s| s.settings_json.as_str()), &new)
+            {
+                // An existing record answers whatever the settings.
+                let row = fetch_opt(&tx, SELECT_RUN, &[&new.run_id]).await?;
+                let Some(row) = row else { return Err(changed) };
+                let existing = rules::existing_run(run_from_row(&row)?, &new);
+                commit(tx).await?;
+                return Ok(existing);
+            }
+        }
         // A conflicting record may be purged between the INSERT and the
         // SELECT; then the INSERT is tried again.
         for _ in 0..3 {
