@@ -130,6 +130,12 @@ pub struct EdgeConfig {
     /// write buffer keeps more than this (it keeps its largest frame).
     #[arg(long, env = "EDGE_SOCKET_FRAME_BYTES", default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(512..))]
     pub socket_frame_bytes: usize,
+    /// Sessions whose settings (model, queue mode) the edge keeps, so a send
+    /// need not read them before its Submit; the store refuses a run made
+    /// from settings that changed, and the edge reads them again then.
+    /// 0: every send reads them.
+    #[arg(long, env = "EDGE_SESSION_SETTINGS_CACHE", default_value_t = 10_000)]
+    pub session_settings_cache: usize,
     /// Kernel send buffer per socket, bytes. Kept modest so that a client
     /// that stops reading backs up into the outbox, where the slow-consumer
     /// policy applies, rather than into kernel memory.

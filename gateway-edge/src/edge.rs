@@ -87,6 +87,8 @@ pub struct Edge {
     /// failover the fanout looks each up (`fanout::settle`), so that a run
     /// whose end happened out of its sight still reaches clients.
     pub awaited: Mutex<HashSet<String>>,
+    /// Sessions' settings, for sends (`settings_cache`).
+    pub settings_cache: crate::settings_cache::SettingsCache,
 }
 
 /// Most runs `Edge::awaited` remembers; past it the oldest half is not
@@ -148,6 +150,8 @@ impl Edge {
             }
             None => crate::device::DeviceTokens::random(),
         };
+        let settings_cache =
+            crate::settings_cache::SettingsCache::new(config.session_settings_cache);
         Arc::new(Self {
             config,
             backends,
@@ -172,6 +176,7 @@ impl Edge {
             fanout_ready: std::sync::atomic::AtomicBool::new(false),
             metrics: Arc::default(),
             awaited: Mutex::new(HashSet::new()),
+            settings_cache,
         })
     }
 

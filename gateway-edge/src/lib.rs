@@ -28,5 +28,6 @@ pub mod presence;
 pub mod scopes;
 pub mod server;
 pub mod session_feed;
+pub mod settings_cache;
 pub mod socket;
 pub mod trace;

@@ -290,6 +290,55 @@ async fn the_four_queue_modes_of_chat_send() {
     system.stop.cancel();
 }
 
+/// A send that names no queue mode gets the session's, as the store has it
+/// at admission: also when another writer (another edge; here a store
+/// client) changed it after this edge last read the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_uses_settings_changed_behind_the_edge() {
+    use session_store_api::SessionStore;
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.read", "operator.write"]).await;
+    // The first send reads the session (creating it); the edge keeps its
+    // settings.
+    send(&mut client, "behind", "bh-0", "hello", json!({})).await;
+    chat_end(&mut client, "bh-0").await;
+
+    let store = session_store_api::grpc::client::RemoteStore::connect(&system.store_url)
+        .await
+        .unwrap();
+    store
+        .patch_session(session_store_api::model::PatchSession {
+            key: session_store_api::SessionKey::parse("behind").unwrap(),
+            patch_json: json!({ "queueMode": "interrupt" }).to_string(),
+            create: false,
+        })
+        .await
+        .unwrap();
+
+    send(&mut client, "behind", "bh-1", "SLOW long", json!({})).await;
+    run_started(&mut client, "bh-1").await;
+    let ack = send(&mut client, "behind", "bh-2", "instead", json!({})).await;
+    assert_eq!(ack["payload"]["status"], "started", "{ack}");
+    // Interrupt, not followup: the running turn was superseded.
+    assert_eq!(
+        chat_end(&mut client, "bh-1").await["payload"]["state"],
+        "aborted"
+    );
+    assert_eq!(
+        chat_end(&mut client, "bh-2").await["payload"]["state"],
+        "final"
+    );
+    let replies: Vec<String> = history(&mut client, "behind")
+        .await
+        .into_iter()
+        .filter(|(role, _)| role == "assistant")
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(replies, ["hello", "instead"]);
+    system.stop.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slash_commands_are_interpreted_with_their_scopes() {
     let system = System::start().await;

@@ -147,6 +147,8 @@ pub(super) async fn agent(
         requester: conn.requester.clone(),
         label: p.string("label").map_err(fail)?.map(str::to_owned),
         attachments,
+        // `agent` runs without the session's settings.
+        expected_settings_digest: None,
     };
     let coordinator = &edge.backends.coordinator;
     let done = coordinator.submit(submit).await.map_err(backend_error)?;

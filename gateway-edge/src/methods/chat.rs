@@ -14,6 +14,7 @@ use crate::edge::Edge;
 use crate::fanout::status_name;
 use crate::frames::ErrorShape;
 use crate::params::Params;
+use crate::settings_cache::TurnSettings;
 use crate::trace;
 
 pub(super) const CHAT_SEND_KEYS: &[&str] = &[
@@ -137,6 +138,82 @@ pub(super) fn queue_mode_to_pb(mode: QueueMode) -> pb::QueueMode {
     }
 }
 
+/// How many times a send reads its session's settings again after the
+/// store said they changed, before it gives up.
+const SETTINGS_RETRIES: usize = 3;
+
+/// Submits `turn` with the session's settings (its model, its queue mode):
+/// the cached ones when this edge has them, else read from the store. The
+/// store admits the run only with the settings it was made from (see
+/// `settings_cache`); when they changed, they are read again and the turn
+/// is submitted again with the same runId (nothing was admitted).
+async fn submit_with_settings(
+    edge: &Arc<Edge>,
+    conn: &Arc<Conn>,
+    turn: &Turn<'_>,
+) -> Result<pb::SubmitResponse, (ErrorShape, Option<Value>)> {
+    let mut cached = edge.settings_cache.get(turn.session);
+    let mut attempts = 0;
+    loop {
+        let settings = match cached.take() {
+            Some(settings) => settings,
+            None => super::session_settings::read_turn_settings(edge, turn.session).await?,
+        };
+        let settings = match settings.digest {
+            Some(_) => settings,
+            // A new session is in the store before its first send is
+            // answered, as the protocol's clients expect (`sessions.describe`
+            // right after the ack); the run's writer fence would create it
+            // only when it starts.
+            None => create_session(edge, turn.session).await?,
+        };
+        let queue_mode = turn
+            .queue_mode
+            .unwrap_or(queue_mode_to_pb(settings.queue_mode));
+        let submit = pb::SubmitRequest {
+            run_id: turn.run_id.to_owned(),
+            session_key: turn.session.as_str().to_owned(),
+            kind: "chat".into(),
+            message: turn.message.to_owned(),
+            queue_mode: queue_mode as i32,
+            timeout_ms: turn.timeout_ms,
+            options_json: settings.options_json,
+            requester: conn.requester.clone(),
+            label: None,
+            attachments: turn.attachments.clone(),
+            expected_settings_digest: settings.digest,
+        };
+        // Same runId on every attempt: a retry after a failover is idempotent.
+        match edge.backends.coordinator.submit(submit).await {
+            Err(status) if super::settings_changed(&status) && attempts < SETTINGS_RETRIES => {
+                edge.settings_cache.forget(turn.session);
+                attempts += 1;
+            }
+            done => return done.map_err(backend_error),
+        }
+    }
+}
+
+/// Creates the row of a session sent to for the first time; its settings.
+async fn create_session(
+    edge: &Arc<Edge>,
+    key: &session_store_api::SessionKey,
+) -> Result<TurnSettings, (ErrorShape, Option<Value>)> {
+    let created = edge
+        .backends
+        .store
+        .patch_session(session_store_api::model::PatchSession {
+            key: key.clone(),
+            patch_json: "{}".into(),
+            create: true,
+        })
+        .await
+        .map_err(super::store_error)?;
+    let settings = super::session_settings::turn_settings_of(edge, Some(&created.session));
+    edge.settings_cache.put(key, &settings);
+    Ok(settings)
+}
+
 /// Submits a chat turn with the session's settings (its model) and answers
 /// as `chat.send` does: `started`, `in_flight`, or the finished run's end.
 pub(super) async fn start_turn(
@@ -146,43 +223,7 @@ pub(super) async fn start_turn(
     received: Instant,
 ) -> Answer {
     let key = turn.run_id;
-    let settings = super::session_settings::turn_settings(edge, turn.session).await?;
-    let queue_mode = turn
-        .queue_mode
-        .unwrap_or(queue_mode_to_pb(settings.queue_mode));
-    // A new session is in the store before its first send is answered, as
-    // the protocol's clients expect (`sessions.describe` right after the
-    // ack); the run's writer fence would create it only when it starts.
-    if !settings.exists {
-        edge.backends
-            .store
-            .patch_session(session_store_api::model::PatchSession {
-                key: turn.session.clone(),
-                patch_json: "{}".into(),
-                create: true,
-            })
-            .await
-            .map_err(super::store_error)?;
-    }
-    let submit = pb::SubmitRequest {
-        run_id: key.to_owned(),
-        session_key: turn.session.as_str().to_owned(),
-        kind: "chat".into(),
-        message: turn.message.to_owned(),
-        queue_mode: queue_mode as i32,
-        timeout_ms: turn.timeout_ms,
-        options_json: settings.options_json,
-        requester: conn.requester.clone(),
-        label: None,
-        attachments: turn.attachments,
-    };
-    // Same runId on every attempt: a retry after a failover is idempotent.
-    let done = edge
-        .backends
-        .coordinator
-        .submit(submit)
-        .await
-        .map_err(backend_error)?;
+    let done = submit_with_settings(edge, conn, &turn).await?;
     let snapshot = done.snapshot.unwrap_or_default();
     if done.admission != pb::Admission::Completed as i32 {
         edge.await_run(key);

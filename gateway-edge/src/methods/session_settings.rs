@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
-use session_store_api::model::{PatchSession, Session};
+use session_store_api::model::{PatchSession, Session, settings_digest};
 use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 
@@ -24,6 +24,7 @@ use crate::config::QueueMode;
 use crate::edge::Edge;
 use crate::frames::ErrorShape;
 use crate::params::Params;
+use crate::settings_cache::TurnSettings;
 
 /// Settings stored as given: how the UI shows and sorts the session.
 const PRESENTATION: &[&str] = &[
@@ -117,28 +118,9 @@ pub(super) fn queue_mode_of(edge: &Edge, session: Option<&Session>) -> QueueMode
         .unwrap_or(edge.config.default_queue_mode)
 }
 
-/// What a turn of a session runs with.
-pub(super) struct TurnSettings {
-    /// The runtime options: the session's model override ("" when none).
-    pub options_json: String,
-    /// The queue mode of a send that names none.
-    pub queue_mode: QueueMode,
-    /// The session has a row in the store.
-    pub exists: bool,
-}
-
-pub(super) async fn turn_settings(
-    edge: &Arc<Edge>,
-    key: &SessionKey,
-) -> Result<TurnSettings, (ErrorShape, Option<Value>)> {
-    let session = edge
-        .backends
-        .store
-        .get_session(key)
-        .await
-        .map_err(store_error)?;
+/// What a turn of `session` runs with (`None`: it has no row).
+pub(super) fn turn_settings_of(edge: &Edge, session: Option<&Session>) -> TurnSettings {
     let model = session
-        .as_ref()
         .map(settings_of)
         .and_then(|s| s.get("model").and_then(Value::as_str).map(str::to_owned));
     let options_json = match model {
@@ -149,11 +131,28 @@ pub(super) async fn turn_settings(
         }
         None => String::new(),
     };
-    Ok(TurnSettings {
+    TurnSettings {
         options_json,
-        queue_mode: queue_mode_of(edge, session.as_ref()),
-        exists: session.is_some(),
-    })
+        queue_mode: queue_mode_of(edge, session),
+        digest: session.map(|s| settings_digest(&s.settings_json)),
+    }
+}
+
+/// Reads the settings of `key` from the store (and keeps them in the
+/// edge's settings cache).
+pub(super) async fn read_turn_settings(
+    edge: &Arc<Edge>,
+    key: &SessionKey,
+) -> Result<TurnSettings, (ErrorShape, Option<Value>)> {
+    let session = edge
+        .backends
+        .store
+        .get_session(key)
+        .await
+        .map_err(store_error)?;
+    let settings = turn_settings_of(edge, session.as_ref());
+    edge.settings_cache.put(key, &settings);
+    Ok(settings)
 }
 
 /// Checks `model` against the runtime's models: its `provider/id`.
