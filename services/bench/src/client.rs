@@ -263,7 +263,7 @@ impl Client {
         loop {
             let answer = self
                 .frame(deadline, Some(id), |frame, text| {
-                    let Some(frame) = frame else { return None };
+                    let frame = frame?;
                     let answers = frame.kind == "res" && frame.id.as_deref() == Some(id);
                     answers.then(|| match frame.ok {
                         Some(true) => Ok(()),
