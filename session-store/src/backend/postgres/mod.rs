@@ -419,8 +419,6 @@ impl SessionStore for PostgresStore {
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
         let mut client = self.urgent_client().await?;
         let tx = begin(&mut client, false).await?;
-        let token = new.owner_token.as_ref();
-        leases::check_owner(&tx, &new.session_key, token, self.partitions).await?;
         let r = rules::new_run_record(&new, now_ms());
         let (session_id, fence) = (
             r.session_id.map(|id| id.to_string()),
@@ -432,27 +430,36 @@ impl SessionStore for PostgresStore {
             &to_db(r.version), &r.created_at_ms, &r.updated_at_ms, &r.started_at_ms, &r.ended_at_ms,
             &r.owner, &r.request_json, &r.outcome_json, &session_id, &fence,
         ];
-        if new.expected_settings.is_some() {
-            // Unlocked: a patch that commits after this read is ordered
-            // after the admission, as if it had come a moment later.
-            let row = fetch_opt(&tx, SELECT_SESSION, &[&new.session_key.as_str()]).await?;
-            let slot = row.as_ref().map(slot_from_row).transpose()?;
-            let settings = slot.as_ref().and_then(|s| s.current.as_ref());
-            if let Err(changed) =
-                rules::check_settings(settings.map(|s| s.settings_json.as_str()), &new)
-            {
-                // An existing record answers whatever the settings.
-                let row = fetch_opt(&tx, SELECT_RUN, &[&new.run_id]).await?;
-                let Some(row) = row else { return Err(changed) };
-                let existing = rules::existing_run(run_from_row(&row)?, &new);
-                commit(tx).await?;
-                return Ok(existing);
-            }
+        // The owner check, the settings read and the insert go out together
+        // (pipelined on the connection: one round trip, not three). Their
+        // order does not matter: all three are in this transaction, which
+        // commits only if both checks pass (a refusal drops it, rolling the
+        // insert back), and the lease row's share lock, taken before the
+        // commit, orders any steal after it. The settings are read unlocked:
+        // a patch that commits after the read is ordered after the admission,
+        // as if it had come a moment later.
+        let key = new.session_key.as_str();
+        let token = new.owner_token.as_ref();
+        let (owner, session, inserted) = tokio::join!(
+            leases::check_owner(&tx, &new.session_key, token, self.partitions),
+            async {
+                match new.expected_settings {
+                    Some(_) => fetch_opt(&tx, SELECT_SESSION, &[&key]).await,
+                    None => Ok(None),
+                }
+            },
+            run(&tx, INSERT_RUN, &params),
+        );
+        owner?;
+        let mut inserted = inserted? == 1;
+        if inserted {
+            check_settings_row(session?.as_ref(), &new)?;
         }
-        // A conflicting record may be purged between the INSERT and the
-        // SELECT; then the INSERT is tried again.
+        // A record that exists answers whatever the settings. A conflicting
+        // record may be purged between the INSERT and the SELECT; then the
+        // INSERT is tried again (and the settings read again for it).
         for _ in 0..3 {
-            if run(&tx, INSERT_RUN, &params).await? == 1 {
+            if inserted {
                 commit(tx).await?;
                 return Ok(CreateRunOutcome {
                     created: true,
@@ -464,6 +471,11 @@ impl SessionStore for PostgresStore {
                 let existing = rules::existing_run(run_from_row(&row)?, &new);
                 commit(tx).await?;
                 return Ok(existing);
+            }
+            inserted = run(&tx, INSERT_RUN, &params).await? == 1;
+            if inserted && new.expected_settings.is_some() {
+                let row = fetch_opt(&tx, SELECT_SESSION, &[&key]).await?;
+                check_settings_row(row.as_ref(), &new)?;
             }
         }
         let message = format!("run {:?} neither inserted nor found", new.run_id);
@@ -656,6 +668,17 @@ type Params<'a> = [&'a (dyn ToSql + Sync)];
 async fn fetch(c: &impl GenericClient, sql: &str, params: &Params<'_>) -> StoreResult<Vec<Row>> {
     let statement = c.prepare_cached(sql).await.map_err(db_error)?;
     c.query(&statement, params).await.map_err(db_error)
+}
+
+/// CreateRun's check of the settings it was made from, against the session
+/// row read in its transaction (`None`: no row, or nothing was to check).
+fn check_settings_row(row: Option<&Row>, new: &NewRun) -> StoreResult<()> {
+    if new.expected_settings.is_none() {
+        return Ok(());
+    }
+    let slot = row.map(slot_from_row).transpose()?;
+    let settings = slot.as_ref().and_then(|s| s.current.as_ref());
+    rules::check_settings(settings.map(|s| s.settings_json.as_str()), new)
 }
 
 async fn fetch_opt(
