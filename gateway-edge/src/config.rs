@@ -141,6 +141,13 @@ pub struct EdgeConfig {
     /// policy applies, rather than into kernel memory.
     #[arg(long, env = "EDGE_SOCKET_SEND_BUFFER", default_value_t = 256 * 1024)]
     pub socket_send_buffer: usize,
+    /// After a connection's writer wrote events, how long it lets more
+    /// queue before the next write, so that a busy fan-out goes out in
+    /// fewer, larger writes (each one is a system call for the edge and a
+    /// wakeup for the client). An answer to a request ends the wait at once,
+    /// and an event after a quiet spell goes out at once; 0: no wait.
+    #[arg(long, env = "EDGE_EVENT_LINGER", default_value = "5ms", value_parser = parse_duration)]
+    pub event_linger: Duration,
     /// Interval of `tick` events (advertised as policy.tickIntervalMs).
     #[arg(long, env = "EDGE_TICK_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub tick_interval: Duration,

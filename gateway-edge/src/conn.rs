@@ -71,6 +71,8 @@ pub struct Outbox {
     metrics: Arc<EdgeMetrics>,
     /// Fires when the connection must close (slow consumer, shutdown).
     pub closing: CancellationToken,
+    /// Notified when an answer is queued: it ends the writer's linger.
+    pub answered: tokio::sync::Notify,
 }
 
 /// What the writer side of a connection receives from its outbox.
@@ -91,6 +93,7 @@ impl Outbox {
             max_bytes,
             metrics,
             closing: CancellationToken::new(),
+            answered: tokio::sync::Notify::new(),
         };
         (outbox, OutboxReader { rx })
     }
@@ -134,10 +137,15 @@ impl Outbox {
         }
     }
 
-    /// A response frame (never dropped).
+    /// A response frame (never dropped): written without the writer's
+    /// linger.
     pub fn send_frame(&self, frame: String) -> bool {
-        let mut state = self.state.lock().unwrap();
-        self.push(&mut state, OutFrame::Text(frame), false) == Delivery::Queued
+        let queued = {
+            let mut state = self.state.lock().unwrap();
+            self.push(&mut state, OutFrame::Text(frame), false) == Delivery::Queued
+        };
+        self.answered.notify_one();
+        queued
     }
 
     /// A broadcast event: takes the next `seq`, even when dropped.

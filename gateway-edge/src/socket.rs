@@ -350,6 +350,13 @@ fn accept_connect(
     Ok((conn, reader, hello))
 }
 
+/// Sleeps until `until` (only polled while it is set).
+async fn linger(until: Option<tokio::time::Instant>) {
+    if let Some(until) = until {
+        tokio::time::sleep_until(until).await;
+    }
+}
+
 /// The authenticated connection until it closes.
 async fn serve_connection(
     edge: Arc<Edge>,
@@ -363,6 +370,11 @@ async fn serve_connection(
     // A frame over the limit is still arriving when the socket closes.
     let mut over_limit = false;
     let frame_bytes = edge.config.socket_frame_bytes;
+    // After a write, queued events wait until this instant (`--event-linger`),
+    // unless an answer is queued: a fan-out's events to this connection then
+    // go out together.
+    let linger_for = edge.config.event_linger;
+    let mut hold_until: Option<tokio::time::Instant> = None;
     // Requests are read before queued events are written: under a heavy
     // fan-out the outbox is rarely empty, and a request read only once it
     // is (a `chat.send` waiting behind other runs' events) would spend its
@@ -393,7 +405,9 @@ async fn serve_connection(
                 Incoming::Closed => break None,
                 Incoming::Ignore => {}
             },
-            frame = reader.rx.recv() => {
+            () = linger(hold_until), if hold_until.is_some() => hold_until = None,
+            () = conn.outbox.answered.notified(), if hold_until.is_some() => hold_until = None,
+            frame = reader.rx.recv(), if hold_until.is_none() => {
                 let Some(frame) = frame else { break None };
                 // A peer that stops reading blocks this write; a close order
                 // (slow consumer, shutdown) must still get through.
@@ -405,6 +419,9 @@ async fn serve_connection(
                 conn.outbox.written(bytes);
                 if sent.is_err() {
                     break None;
+                }
+                if !linger_for.is_zero() {
+                    hold_until = Some(tokio::time::Instant::now() + linger_for);
                 }
             }
             _ = ticks.tick() => {

@@ -49,3 +49,41 @@ async fn long_messages_arrive_whole_from_small_frames() {
         "user turn, then the echo"
     );
 }
+
+/// Events written after a first write wait for `--event-linger` (here an
+/// hour, so that nothing but an answer ends the wait) to go out together;
+/// an answer to a request ends the wait at once, after the events queued
+/// before it, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_ends_the_event_linger() {
+    let system = System::start().await;
+    let mut config = system.edge_config();
+    config.event_linger = std::time::Duration::from_secs(3600);
+    let (url, _) = system.edge(config).await;
+    let mut client = Client::connect(&url, &[READ, WRITE]).await;
+    let params = json!({ "sessionKey": "linger", "message": "held", "idempotencyKey": "held" });
+    let sent = client.request("chat.send", params).await;
+    assert_eq!(sent["ok"], true, "{sent}");
+    // agent.wait answers once the run ended; its answer ends the linger,
+    // and the run's events, queued before it, arrive first.
+    let waited = client
+        .request(
+            "agent.wait",
+            json!({ "runId": "held", "timeoutMs": 60_000 }),
+        )
+        .await;
+    assert_eq!(waited["payload"]["status"], "ok", "{waited}");
+    let answer_at = client
+        .received
+        .iter()
+        .position(|f| f["type"] == "res" && f["id"] == waited["id"])
+        .unwrap();
+    let final_at = client.received.iter().position(|f| {
+        f["event"] == "chat" && f["payload"]["runId"] == "held" && f["payload"]["state"] == "final"
+    });
+    assert!(
+        final_at.is_some_and(|at| at < answer_at),
+        "the run's final came before the answer that flushed it: {:?}",
+        client.received
+    );
+}
