@@ -68,6 +68,10 @@ pub struct Client {
     pub deltas: Vec<Arrival>,
     /// Watched runs that ended (a `chat` final, aborted or error).
     pub ended: usize,
+    /// The run whose end `until_chat_end` waits for, and how it ended once
+    /// its end was read: also while waiting for its ACK, since a run may end
+    /// before its `chat.send` is answered.
+    awaited_end: Option<(String, Option<String>)>,
 }
 
 /// The socket address a `ws://` URL names, of the family of `like`.
@@ -159,6 +163,7 @@ impl Client {
             watch: None,
             deltas: Vec::new(),
             ended: 0,
+            awaited_end: None,
         };
         let challenge_name = "connect.challenge";
         let challenge = client
@@ -197,6 +202,12 @@ impl Client {
         Ok((client, started.elapsed()))
     }
 
+    /// Notes the end of `run_id` from now on, for `until_chat_end`: call it
+    /// before sending the run's `chat.send`.
+    pub fn expect_end(&mut self, run_id: &str) {
+        self.awaited_end = Some((run_id.to_owned(), None));
+    }
+
     /// Notes the `chat` events of runs whose runId is `prefix` + a number.
     pub fn watch(&mut self, prefix: impl Into<String>) {
         self.watch = Some(prefix.into());
@@ -229,7 +240,11 @@ impl Client {
             match message {
                 Some(Ok(Message::Text(text))) => {
                     let at = Instant::now();
-                    let watched = self.watch.as_deref().is_some_and(|p| text.contains(p));
+                    let watched = self.watch.as_deref().is_some_and(|p| text.contains(p))
+                        || self
+                            .awaited_end
+                            .as_ref()
+                            .is_some_and(|(r, _)| text.contains(r));
                     if !(watched || awaited.is_some_and(|a| text.contains(a))) {
                         return Ok(read(None, &text));
                     }
@@ -248,8 +263,14 @@ impl Client {
     }
 
     fn observe(&mut self, frame: &Frame, at: Instant) {
-        let Some(prefix) = &self.watch else { return };
         let Some(chat) = &frame.chat else { return };
+        if let Some((run_id, ended @ None)) = &mut self.awaited_end
+            && chat.run_id == run_id.as_str()
+            && !matches!(&*chat.state, "delta" | "status")
+        {
+            *ended = Some(chat.state.to_string());
+        }
+        let Some(prefix) = &self.watch else { return };
         let run = chat
             .run_id
             .strip_prefix(prefix.as_str())
@@ -306,28 +327,28 @@ impl Client {
         Ok(took)
     }
 
-    /// Waits for the `chat` event that ends `run_id`; the time from `from`.
+    /// Waits for the `chat` event that ends `run_id` (read now, or before
+    /// if [`expect_end`](Self::expect_end) named it); the time from `from`.
     pub async fn until_chat_end(
         &mut self,
         run_id: &str,
         from: Instant,
     ) -> anyhow::Result<Duration> {
+        if self.awaited_end.as_ref().is_none_or(|(r, _)| r != run_id) {
+            self.expect_end(run_id);
+        }
         let deadline = Instant::now() + OPERATION_TIMEOUT;
         loop {
-            let ended = self
-                .frame(deadline, Some(run_id), |frame, _| {
-                    let chat = frame?.chat.as_ref()?;
-                    let ends = chat.run_id == run_id && !matches!(&*chat.state, "delta" | "status");
-                    ends.then(|| chat.state.to_string())
-                })
-                .await
-                .with_context(|| format!("waiting for run {run_id} to end"))?;
-            if let Some(state) = ended {
+            if let Some((_, Some(state))) = &self.awaited_end {
                 if state != "final" {
                     bail!("run {run_id} ended {state}");
                 }
+                self.awaited_end = None;
                 return Ok(from.elapsed());
             }
+            self.frame(deadline, Some(run_id), |_, _| ())
+                .await
+                .with_context(|| format!("waiting for run {run_id} to end"))?;
             self.events += 1;
         }
     }

@@ -123,6 +123,11 @@ struct Load {
     /// The echo runtime's pause before each piece (e.g. 20ms).
     #[arg(long, default_value = "20ms", value_parser = clawgate_common::parse_duration)]
     echo_pace: Duration,
+    /// The coordinator's global cap on runs executing at once, in the
+    /// systems the suite starts [default: the coordinator's, 16]. Complete
+    /// runs per second are at most this over one run's time.
+    #[arg(long)]
+    max_executing: Option<usize>,
     /// Prefix of the session keys the load uses.
     #[arg(long, default_value = "bench")]
     session_prefix: String,
@@ -188,6 +193,7 @@ impl Load {
             token,
             max_connections: needed.max(20_000),
             preauth_per_ip,
+            max_executing: self.max_executing,
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct Settings {
     pub max_connections: usize,
     /// The edge's `--preauth-per-ip`.
     pub preauth_per_ip: usize,
+    /// The coordinator's `--max-executing` (`None`: its default).
+    pub max_executing: Option<usize>,
 }
 
 /// How the three services run.
@@ -294,6 +296,9 @@ pub fn all_in_one(binary: &Path, store: &str, settings: &Settings) -> Command {
             &settings.echo.chunks.to_string(),
         ])
         .args(["--coordinator-echo-pace", &pace(&settings.echo)]);
+    if let Some(cap) = settings.max_executing {
+        command.args(["--coordinator-max-executing", &cap.to_string()]);
+    }
     edge_env(&mut command, settings);
     command
 }
@@ -327,6 +332,9 @@ async fn start_services(
         .args(["--store-address", &store_url, "--runtime", "echo"])
         .args(["--echo-chunks", &settings.echo.chunks.to_string()])
         .args(["--echo-pace", &pace(&settings.echo)]);
+    if let Some(cap) = settings.max_executing {
+        command.args(["--max-executing", &cap.to_string()]);
+    }
     let ready = "run coordinator serving gRPC";
     services.push(Service::start(command, "run-coordinator", ready).await?);
     let coordinator_url = services[1].url();

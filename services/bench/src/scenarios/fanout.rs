@@ -49,6 +49,7 @@ async fn deliveries(plan: &Plan) -> anyhow::Result<(Stats, String)> {
             "idempotencyKey": run_id, "queueMode": "followup",
         });
         let sent = Instant::now();
+        sender.expect_end(&run_id);
         sender.request("chat.send", send).await?;
         sender.until_chat_end(&run_id, sent).await?;
     }

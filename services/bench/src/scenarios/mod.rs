@@ -185,8 +185,9 @@ async fn drive(
             Scenario::Ack => (client.request("chat.send", send()).await?, None),
             Scenario::Run => {
                 let started = Instant::now();
-                let ack = client.request("chat.send", send()).await?;
                 let run_id = format!("{session}-{n}");
+                client.expect_end(&run_id);
+                let ack = client.request("chat.send", send()).await?;
                 (client.until_chat_end(&run_id, started).await?, Some(ack))
             }
             other => unreachable!("{other:?} is not a looping scenario"),
