@@ -43,11 +43,22 @@ pub struct Coordinators {
     failover_timeout: Duration,
 }
 
+/// The machine-readable detail of a coordinator's error, if it has one.
+pub fn error_detail(status: &Status) -> Option<pb::CoordinatorErrorDetail> {
+    clawgate_proto::status_detail::detail_of(status, DETAIL_TYPE_URL)
+}
+
 /// The leader's address a coordinator's error names, if any.
 pub fn leader_hint(status: &Status) -> Option<String> {
-    clawgate_proto::status_detail::detail_of::<pb::CoordinatorErrorDetail>(status, DETAIL_TYPE_URL)
+    error_detail(status)
         .and_then(|d| d.leader_address)
         .filter(|a| !a.is_empty())
+}
+
+/// Whether the coordinator refused a Submit because the session's settings
+/// are not those it was made from (nothing was admitted).
+pub fn settings_changed(status: &Status) -> bool {
+    error_detail(status).is_some_and(|d| d.code == pb::ErrorCode::SettingsChanged as i32)
 }
 
 /// Whether another coordinator may answer where this one did not.

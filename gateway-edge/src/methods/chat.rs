@@ -185,7 +185,10 @@ async fn submit_with_settings(
         };
         // Same runId on every attempt: a retry after a failover is idempotent.
         match edge.backends.coordinator.submit(submit).await {
-            Err(status) if super::settings_changed(&status) && attempts < SETTINGS_RETRIES => {
+            Err(status)
+                if crate::coordinators::settings_changed(&status)
+                    && attempts < SETTINGS_RETRIES =>
+            {
                 edge.settings_cache.forget(turn.session);
                 attempts += 1;
             }

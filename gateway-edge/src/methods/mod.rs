@@ -314,23 +314,10 @@ fn reply(edge: &Edge, conn: &Conn, id: &str, method: &str, answer: Answer) {
     conn.outbox.send_frame(frame);
 }
 
-/// Whether the coordinator refused a Submit because the session's settings
-/// are not those it was made from (nothing was admitted).
-pub(crate) fn settings_changed(status: &tonic::Status) -> bool {
-    clawgate_proto::status_detail::detail_of::<pb::CoordinatorErrorDetail>(
-        status,
-        "type.googleapis.com/clawgate.run_coordinator.v1.CoordinatorErrorDetail",
-    )
-    .is_some_and(|d| d.code == pb::ErrorCode::SettingsChanged as i32)
-}
-
 /// A backend failure in the protocol's words.
 pub(crate) fn backend_error(status: tonic::Status) -> (ErrorShape, Option<Value>) {
     use tonic::Code;
-    let detail = clawgate_proto::status_detail::detail_of::<pb::CoordinatorErrorDetail>(
-        &status,
-        "type.googleapis.com/clawgate.run_coordinator.v1.CoordinatorErrorDetail",
-    );
+    let detail = crate::coordinators::error_detail(&status);
     let code = detail.as_ref().map(|d| d.code);
     let error = match status.code() {
         _ if code == Some(pb::ErrorCode::KeyReused as i32) => {
