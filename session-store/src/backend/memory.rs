@@ -212,12 +212,7 @@ impl SessionStore for MemoryStore {
         if let Some(existing) = inner.runs.get(&new.run_id) {
             return Ok(rules::existing_run(existing.clone(), &new));
         }
-        let settings = inner
-            .slots
-            .get(&new.session_key)
-            .and_then(|slot| slot.current.as_ref())
-            .map(|s| s.settings_json.as_str());
-        rules::check_settings(settings, &new)?;
+        rules::check_settings(inner.slots.get(&new.session_key), &new)?;
         let record = rules::new_run_record(&new, now_ms());
         inner.runs.insert(new.run_id.clone(), record.clone());
         Ok(CreateRunOutcome {

@@ -555,13 +555,15 @@ pub fn new_run_record(new: &NewRun, now_ms: i64) -> RunRecord {
     }
 }
 
-/// CreateRun's check of the settings the run was made from (`None`: the
-/// session has no row); only a record about to be created is checked.
-pub fn check_settings(settings_json: Option<&str>, new: &NewRun) -> Result<(), StoreError> {
+/// CreateRun's check of the settings the run was made from, against the
+/// key's slot (`None`: no row); only a record about to be created is
+/// checked.
+pub fn check_settings(slot: Option<&SessionSlot>, new: &NewRun) -> Result<(), StoreError> {
     let Some(expected) = new.expected_settings else {
         return Ok(());
     };
-    match settings_json {
+    let current = slot.and_then(|slot| slot.current.as_ref());
+    match current.map(|session| session.settings_json.as_str()) {
         Some(settings) if settings_digest(settings) == expected => Ok(()),
         Some(_) => Err(StoreError::SettingsChanged(format!(
             "the settings of session {} changed since they were read",

@@ -489,8 +489,7 @@ impl SessionStore for EmbeddedStore {
             }
             if new.expected_settings.is_some() {
                 let slot = load_slot(txn, &new.session_key)?;
-                let settings = slot.current.as_ref().map(|s| s.settings_json.as_str());
-                refused!(rules::check_settings(settings, &new));
+                refused!(rules::check_settings(Some(&slot), &new));
             }
             let record = rules::new_run_record(&new, now);
             runs.insert(new.run_id.as_str(), encode(&record).as_slice())?;

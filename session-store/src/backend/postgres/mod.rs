@@ -671,14 +671,10 @@ async fn fetch(c: &impl GenericClient, sql: &str, params: &Params<'_>) -> StoreR
 }
 
 /// CreateRun's check of the settings it was made from, against the session
-/// row read in its transaction (`None`: no row, or nothing was to check).
+/// row read in its transaction (`None`: no row, or nothing was read).
 fn check_settings_row(row: Option<&Row>, new: &NewRun) -> StoreResult<()> {
-    if new.expected_settings.is_none() {
-        return Ok(());
-    }
     let slot = row.map(slot_from_row).transpose()?;
-    let settings = slot.as_ref().and_then(|s| s.current.as_ref());
-    rules::check_settings(settings.map(|s| s.settings_json.as_str()), new)
+    rules::check_settings(slot.as_ref(), new)
 }
 
 async fn fetch_opt(
