@@ -202,12 +202,6 @@ impl Client {
         Ok((client, started.elapsed()))
     }
 
-    /// Notes the end of `run_id` from now on, for `until_chat_end`: call it
-    /// before sending the run's `chat.send`.
-    pub fn expect_end(&mut self, run_id: &str) {
-        self.awaited_end = Some((run_id.to_owned(), None));
-    }
-
     /// Notes the `chat` events of runs whose runId is `prefix` + a number.
     pub fn watch(&mut self, prefix: impl Into<String>) {
         self.watch = Some(prefix.into());
@@ -327,16 +321,23 @@ impl Client {
         Ok(took)
     }
 
-    /// Waits for the `chat` event that ends `run_id` (read now, or before
-    /// if [`expect_end`](Self::expect_end) named it); the time from `from`.
-    pub async fn until_chat_end(
+    /// Sends a `chat.send` whose idempotency key is `run_id` and waits for
+    /// the run's end: the time to its ACK and the time to its end. The end
+    /// is noted from before the send, since it may come before the ACK.
+    pub async fn send_run(
         &mut self,
         run_id: &str,
-        from: Instant,
-    ) -> anyhow::Result<Duration> {
-        if self.awaited_end.as_ref().is_none_or(|(r, _)| r != run_id) {
-            self.expect_end(run_id);
-        }
+        params: Value,
+    ) -> anyhow::Result<(Duration, Duration)> {
+        let started = Instant::now();
+        self.awaited_end = Some((run_id.to_owned(), None));
+        let ack = self.request("chat.send", params).await?;
+        Ok((ack, self.until_chat_end(run_id, started).await?))
+    }
+
+    /// Waits for the end of `run_id`, noted since `send_run` sent it; the
+    /// time from `from`.
+    async fn until_chat_end(&mut self, run_id: &str, from: Instant) -> anyhow::Result<Duration> {
         let deadline = Instant::now() + OPERATION_TIMEOUT;
         loop {
             if let Some((_, Some(state))) = &self.awaited_end {

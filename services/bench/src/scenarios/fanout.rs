@@ -48,10 +48,7 @@ async fn deliveries(plan: &Plan) -> anyhow::Result<(Stats, String)> {
             "sessionKey": session, "message": format!("fanout message {n}"),
             "idempotencyKey": run_id, "queueMode": "followup",
         });
-        let sent = Instant::now();
-        sender.expect_end(&run_id);
-        sender.request("chat.send", send).await?;
-        sender.until_chat_end(&run_id, sent).await?;
+        sender.send_run(&run_id, send).await?;
     }
     let mut arrivals = vec![std::mem::take(&mut sender.deltas)];
     for task in tasks {

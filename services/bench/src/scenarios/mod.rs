@@ -184,11 +184,8 @@ async fn drive(
             Scenario::Health => (client.request("health", json!({})).await?, None),
             Scenario::Ack => (client.request("chat.send", send()).await?, None),
             Scenario::Run => {
-                let started = Instant::now();
-                let run_id = format!("{session}-{n}");
-                client.expect_end(&run_id);
-                let ack = client.request("chat.send", send()).await?;
-                (client.until_chat_end(&run_id, started).await?, Some(ack))
+                let (ack, ended) = client.send_run(&format!("{session}-{n}"), send()).await?;
+                (ended, Some(ack))
             }
             other => unreachable!("{other:?} is not a looping scenario"),
         };
