@@ -93,13 +93,10 @@ impl SettingsCache {
     }
 
     /// Entries held (both generations).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         let generations = self.generations.lock().unwrap();
         generations.young.len() + generations.old.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -147,6 +144,6 @@ mod tests {
         assert_eq!(cache.get(&key(2)), None);
         let disabled = SettingsCache::new(0);
         disabled.put(&key(3), &settings(3));
-        assert!(disabled.is_empty());
+        assert_eq!(disabled.len(), 0);
     }
 }
