@@ -141,6 +141,16 @@ async fn run_started(client: &mut Client, run_id: &str) {
         .await;
 }
 
+/// The texts of a session's history said by `role`.
+async fn texts_of(client: &mut Client, session: &str, role: &str) -> Vec<String> {
+    history(client, session)
+        .await
+        .into_iter()
+        .filter(|(said_by, _)| said_by == role)
+        .map(|(_, text)| text)
+        .collect()
+}
+
 /// `(role, text)` of a session's history.
 async fn history(client: &mut Client, session: &str) -> Vec<(String, String)> {
     let res = client
@@ -267,13 +277,10 @@ async fn the_four_queue_modes_of_chat_send() {
         chat_end(&mut client, "in-2").await["payload"]["state"],
         "final"
     );
-    let users: Vec<String> = history(&mut client, "qm-int")
-        .await
-        .into_iter()
-        .filter(|(role, _)| role == "user")
-        .map(|(_, text)| text)
-        .collect();
-    assert_eq!(users, ["SLOW long", "instead"]);
+    assert_eq!(
+        texts_of(&mut client, "qm-int", "user").await,
+        ["SLOW long", "instead"]
+    );
 
     let bad = send(
         &mut client,
@@ -329,13 +336,10 @@ async fn a_send_uses_settings_changed_behind_the_edge() {
         chat_end(&mut client, "bh-2").await["payload"]["state"],
         "final"
     );
-    let replies: Vec<String> = history(&mut client, "behind")
-        .await
-        .into_iter()
-        .filter(|(role, _)| role == "assistant")
-        .map(|(_, text)| text)
-        .collect();
-    assert_eq!(replies, ["hello", "instead"]);
+    assert_eq!(
+        texts_of(&mut client, "behind", "assistant").await,
+        ["hello", "instead"]
+    );
     system.stop.cancel();
 }
 
