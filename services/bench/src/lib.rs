@@ -12,7 +12,9 @@
 //!   `--requests`;
 //! - `ack`: `chat.send` → its ACK, each connection on its own session, runs
 //!   executing meanwhile (each send a followup turn of the connection's
-//!   session);
+//!   session); the sends queue runs faster than they execute, so each
+//!   connection's last send also waits, uncounted, for its run's end: the
+//!   row's backlog has drained before the next row starts;
 //! - `run`: `chat.send` → the run's `chat` final (a complete run), each
 //!   connection's next send after its last run ended; its ACKs are a row
 //!   of their own, `chat.send ack, runs executing`: the sync phase while

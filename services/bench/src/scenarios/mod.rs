@@ -136,12 +136,16 @@ async fn looping(
         })
         .collect();
     let mut samples = Samples::default();
+    let mut finished = started;
     for task in tasks {
         let done = task.await??;
         samples.main.extend(done.main);
         samples.acks.extend(done.acks);
+        finished = finished.max(done.finished);
     }
-    let wall = started.elapsed();
+    // Up to the last sample, not the last task: `ack`'s tasks then wait
+    // for their backlog, which is not part of the rate.
+    let wall = finished - started;
     let mut measured = vec![(scenario, Stats::of(samples.main, wall))];
     if scenario == Scenario::Run {
         measured.insert(0, (Scenario::BusyAck, Stats::of(samples.acks, wall)));
@@ -150,10 +154,21 @@ async fn looping(
 }
 
 /// One connection's samples: the scenario's, and the ACKs of `run`.
-#[derive(Default)]
 struct Samples {
     main: Vec<Duration>,
     acks: Vec<Duration>,
+    /// When the last sample was taken.
+    finished: Instant,
+}
+
+impl Default for Samples {
+    fn default() -> Self {
+        Self {
+            main: Vec::new(),
+            acks: Vec::new(),
+            finished: Instant::now(),
+        }
+    }
 }
 
 /// One connection's part of a looping scenario: `counted.end` requests,
@@ -180,8 +195,17 @@ async fn drive(
                 "idempotencyKey": format!("{session}-{n}"), "queueMode": "followup",
             })
         };
+        let sent = Instant::now();
         let (sample, ack) = match scenario {
             Scenario::Health => (client.request("health", json!({})).await?, None),
+            // The last send also waits for its run's end (not counted):
+            // the connection's runs execute in order, so when it ends every
+            // run this connection queued has ended, and the next row does
+            // not measure this one's backlog.
+            Scenario::Ack if n + 1 == counted.end => {
+                let (ack, _ended) = client.send_run(&format!("{session}-{n}"), send()).await?;
+                (ack, None)
+            }
             Scenario::Ack => (client.request("chat.send", send()).await?, None),
             Scenario::Run => {
                 let (ack, ended) = client.send_run(&format!("{session}-{n}"), send()).await?;
@@ -192,6 +216,7 @@ async fn drive(
         if counted.contains(&n) {
             samples.main.push(sample);
             samples.acks.extend(ack);
+            samples.finished = sent + sample;
         }
     }
     Ok(samples)
