@@ -157,6 +157,27 @@ pub struct EdgeConfig {
     /// Failed authentications per client IP per minute before refusing.
     #[arg(long, env = "EDGE_AUTH_FAILURES_PER_MINUTE", default_value_t = 10)]
     pub auth_failures_per_minute: u32,
+    /// Requests one connection may have in flight (answered or not yet);
+    /// one more is refused `UNAVAILABLE`, retryable, without running.
+    #[arg(long, env = "EDGE_MAX_IN_FLIGHT", default_value_t = 64)]
+    pub max_in_flight: usize,
+    /// Deepest nesting of arrays and objects in a frame (at most 127, the
+    /// JSON parser's own bound); deeper is an invalid request frame.
+    #[arg(long, env = "EDGE_MAX_JSON_DEPTH", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=crate::json_depth::MAX_SETTING as i64))]
+    pub max_json_depth: u32,
+    /// How long one incoming message may take from its first byte to its
+    /// last; a message still unfinished then closes the socket
+    /// (1008 "frame timeout"). Before `connect`, the handshake timeout
+    /// applies instead.
+    #[arg(long, env = "EDGE_FRAME_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub frame_timeout: Duration,
+    /// Calls refused in a row for the connection's role or scopes
+    /// (`unauthorized role`, `missing scope`) before the socket is closed
+    /// (1008 "repeated unauthorized calls"); any other answer starts the
+    /// count again.
+    #[arg(long, env = "EDGE_UNAUTHORIZED_FLOOD_LIMIT", default_value_t = 10)]
+    pub unauthorized_flood_limit: u32,
     /// Most open WebSocket connections.
     #[arg(long, env = "EDGE_MAX_CONNECTIONS", default_value_t = 20_000)]
     pub max_connections: usize,

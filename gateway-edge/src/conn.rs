@@ -26,6 +26,17 @@ pub struct CloseOrder {
     pub reason: String,
 }
 
+/// The close reason of a connection whose outbox overflowed.
+pub const SLOW_CONSUMER: &str = "slow consumer";
+
+impl CloseOrder {
+    /// Whether what is queued is written before the close frame: yes,
+    /// unless the connection closes because it does not read.
+    pub fn flushes_queued(&self) -> bool {
+        self.reason != SLOW_CONSUMER
+    }
+}
+
 struct OutState {
     seq: u64,
     queued_bytes: usize,
@@ -110,7 +121,7 @@ impl Outbox {
                     state,
                     CloseOrder {
                         code: 1008,
-                        reason: "slow consumer".into(),
+                        reason: SLOW_CONSUMER.into(),
                     },
                 );
             }
@@ -230,6 +241,8 @@ pub struct Conn {
     pub client: ClientInfo,
     /// Sessions whose `session.message` events it asked for.
     pub message_watch: Mutex<HashSet<String>>,
+    /// Its requests in flight and role refusals in a row.
+    pub requests: crate::request_limits::RequestCounters,
 }
 
 /// The client's self-description at `connect`, and where it connected from.

@@ -2,22 +2,37 @@
 //! library: the declared length in each frame header is checked as soon as
 //! the header arrives, so an oversized frame before the handshake is refused
 //! at once (close 1009) instead of being buffered up to the post-auth limit.
-//! After the handshake the guard steps aside.
+//! After the handshake the limit steps aside, but the guard still walks the
+//! headers to know whether a message is half-read and since when: a
+//! message that does not finish within `EDGE_FRAME_TIMEOUT` closes the
+//! socket (a client that starts a frame and never ends it would otherwise
+//! hold its buffer for as long as the socket lives).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
 
 /// Shared between the IO wrapper and the connection task.
 pub struct PreauthGuard {
     limit: u64,
     authenticated: AtomicBool,
     exceeded: AtomicBool,
-    parser: Mutex<FrameHeaders>,
+    reading: Mutex<Reading>,
+}
+
+/// Where the byte stream is.
+#[derive(Default)]
+struct Reading {
+    headers: FrameHeaders,
+    /// Since when the message being read has been arriving; `None`
+    /// between messages.
+    unfinished_since: Option<Instant>,
 }
 
 /// Walks client frame headers in the byte stream.
@@ -29,6 +44,12 @@ struct FrameHeaders {
     skipping: u64,
     /// Payload bytes declared so far, over all frames.
     total: u64,
+    /// A data message has begun and its final frame has not ended.
+    in_message: bool,
+    /// The frame being skipped ends its message (a data frame with FIN).
+    ends_message: bool,
+    /// Messages ended so far.
+    messages: u64,
 }
 
 impl FrameHeaders {
@@ -39,6 +60,9 @@ impl FrameHeaders {
                 let skip = self.skipping.min(bytes.len() as u64);
                 self.skipping -= skip;
                 bytes = &bytes[skip as usize..];
+                if self.skipping == 0 {
+                    self.frame_done();
+                }
                 continue;
             }
             self.header[self.have] = bytes[0];
@@ -65,8 +89,31 @@ impl FrameHeaders {
             self.total = self.total.saturating_add(length);
             self.skipping = length;
             self.have = 0;
+            // Control frames (opcode 8 and up) may come between the frames
+            // of a message and neither start nor end one.
+            let fin = self.header[0] & 0x80 != 0;
+            if self.header[0] & 0x08 == 0 {
+                self.in_message = true;
+                self.ends_message = fin;
+            }
+            if length == 0 {
+                self.frame_done();
+            }
         }
         self.total
+    }
+
+    fn frame_done(&mut self) {
+        if self.in_message && self.ends_message {
+            self.in_message = false;
+            self.ends_message = false;
+            self.messages += 1;
+        }
+    }
+
+    /// Bytes of a message (or a frame header) have arrived whose end has not.
+    fn unfinished(&self) -> bool {
+        self.in_message || self.have > 0 || self.skipping > 0
     }
 }
 
@@ -76,7 +123,7 @@ impl PreauthGuard {
             limit: limit as u64,
             authenticated: AtomicBool::new(false),
             exceeded: AtomicBool::new(false),
-            parser: Mutex::default(),
+            reading: Mutex::default(),
         })
     }
 
@@ -87,6 +134,30 @@ impl PreauthGuard {
 
     pub fn exceeded(&self) -> bool {
         self.exceeded.load(Ordering::Relaxed)
+    }
+
+    /// How long the message being read has been arriving, at `now`.
+    pub fn unfinished_for(&self, now: Instant) -> Option<Duration> {
+        let since = self.reading.lock().unwrap().unfinished_since;
+        since.map(|since| now.saturating_duration_since(since))
+    }
+
+    /// Walks `bytes` just read; the payload bytes declared so far.
+    fn read(&self, bytes: &[u8]) -> u64 {
+        let mut reading = self.reading.lock().unwrap();
+        let Reading {
+            headers,
+            unfinished_since,
+        } = &mut *reading;
+        let messages = headers.messages;
+        let declared = headers.feed(bytes);
+        if !headers.unfinished() {
+            *unfinished_since = None;
+        } else if unfinished_since.is_none() || headers.messages != messages {
+            // A message began in these bytes (after any that ended in them).
+            *unfinished_since = Some(Instant::now());
+        }
+        declared
     }
 }
 
@@ -109,16 +180,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled
-            && !self.guard.authenticated.load(Ordering::Relaxed)
-        {
-            let declared = self
-                .guard
-                .parser
-                .lock()
-                .unwrap()
-                .feed(&buf.filled()[before..]);
-            if declared > self.guard.limit {
+        if let Poll::Ready(Ok(())) = polled {
+            let declared = self.guard.read(&buf.filled()[before..]);
+            if declared > self.guard.limit && !self.guard.authenticated.load(Ordering::Relaxed) {
                 self.guard.exceeded.store(true, Ordering::Relaxed);
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -170,5 +234,29 @@ mod tests {
             headers.feed(&[0x81, 0x80 | 126, 0x01, 0x00, 9, 9, 9, 9]),
             256
         );
+    }
+
+    /// A message is unfinished from its first header byte to the end of
+    /// its final frame; a ping between its frames changes nothing.
+    #[test]
+    fn knows_when_a_message_is_half_read() {
+        let mut headers = FrameHeaders::default();
+        assert!(!headers.unfinished());
+        headers.feed(&[0x01]);
+        assert!(headers.unfinished(), "half a header");
+        // A text frame without FIN (3 bytes), a ping, the final continuation.
+        headers.feed(&[0x83, 1, 2, 3, 4, b'a', b'b', b'c']);
+        assert!(headers.unfinished(), "the message goes on");
+        headers.feed(&[0x89, 0x80, 1, 2, 3, 4]);
+        assert!(headers.unfinished(), "a ping does not end it");
+        headers.feed(&[0x80, 0x82, 1, 2, 3, 4, b'd']);
+        assert!(headers.unfinished(), "one byte of the final frame to come");
+        headers.feed(b"e");
+        assert!(!headers.unfinished());
+        assert_eq!(headers.messages, 1);
+        // An empty final frame ends its message at its header.
+        headers.feed(&[0x81, 0x80, 1, 2, 3, 4]);
+        assert!(!headers.unfinished());
+        assert_eq!(headers.messages, 2);
     }
 }

@@ -127,12 +127,15 @@ async fn feed_text(socket: &mut Socket, text: String, frame_bytes: usize) -> Res
     Ok(())
 }
 
-/// The text of a data frame (binary is accepted as UTF-8; invalid UTF-8 is
-/// empty text) with the frame's size in bytes, or why there is none.
+/// The text of a data frame (binary is accepted as UTF-8) with the frame's
+/// size in bytes, or why there is none.
 enum Incoming {
     Text(String, usize),
     /// A frame over the socket's size limit (`policy.maxPayload`).
     TooLarge,
+    /// A text (or binary) message that is not UTF-8: closed 1007, as
+    /// RFC 6455 has it.
+    NotUtf8,
     Closed,
     Ignore,
 }
@@ -140,10 +143,11 @@ enum Incoming {
 fn incoming(message: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) -> Incoming {
     match message {
         Some(Ok(Message::Text(text))) => Incoming::Text(text.to_string(), text.len()),
-        Some(Ok(Message::Binary(bytes))) => Incoming::Text(
-            String::from_utf8(bytes.to_vec()).unwrap_or_default(),
-            bytes.len(),
-        ),
+        Some(Ok(Message::Binary(bytes))) => match String::from_utf8(bytes.to_vec()) {
+            Ok(text) => Incoming::Text(text, bytes.len()),
+            Err(_) => Incoming::NotUtf8,
+        },
+        Some(Err(tokio_tungstenite::tungstenite::Error::Utf8(_))) => Incoming::NotUtf8,
         Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => Incoming::TooLarge,
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Incoming::Closed,
         Some(Ok(_)) => Incoming::Ignore,
@@ -200,12 +204,20 @@ pub async fn run(
                 close_over_limit(&mut socket, 1009, "preauth payload too large").await;
                 return;
             }
+            Incoming::NotUtf8 => {
+                close(&mut socket, 1007, NOT_UTF8).await;
+                return;
+            }
             Incoming::Closed => return,
             Incoming::Ignore => continue,
         }
     };
     if first_size > edge.config.preauth_max_bytes {
         close(&mut socket, 1009, "preauth payload too large").await;
+        return;
+    }
+    if crate::json_depth::nests_deeper_than(&first, edge.config.max_json_depth) {
+        close(&mut socket, 1008, "invalid request frame").await;
         return;
     }
     let request = match parse_request(&first) {
@@ -251,8 +263,11 @@ pub async fn run(
     };
     guard.authenticated();
     slot.release();
-    serve_connection(edge, socket, conn, reader).await;
+    serve_connection(edge, socket, conn, reader, &guard).await;
 }
+
+/// The close reason for a message that is not UTF-8.
+const NOT_UTF8: &str = "invalid UTF-8";
 
 /// Optional protocol features this edge implements (`features.capabilities`).
 /// None of the real gateway's 21 yet: each gates a client path (published
@@ -313,6 +328,7 @@ fn accept_connect(
             connected_at_ms: now_ms(),
         },
         message_watch: Default::default(),
+        requests: Default::default(),
     });
     let hello = json!({
         "type": "hello-ok",
@@ -350,6 +366,17 @@ fn accept_connect(
     Ok((conn, reader, hello))
 }
 
+/// Writes what the outbox holds, for a few seconds at most (a peer that
+/// does not read gets no longer).
+async fn flush_queued(socket: &mut Socket, reader: &mut OutboxReader, frame_bytes: usize) {
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Ok(frame) = reader.rx.try_recv() {
+            let _ = write_batch(socket, frame, &mut reader.rx, frame_bytes).await;
+        }
+    })
+    .await;
+}
+
 /// Sleeps until `until` (only polled while it is set).
 async fn linger(until: Option<tokio::time::Instant>) {
     if let Some(until) = until {
@@ -363,6 +390,7 @@ async fn serve_connection(
     mut socket: Socket,
     conn: Arc<Conn>,
     mut reader: OutboxReader,
+    guard: &PreauthGuard,
 ) {
     let mut ticks = tokio::time::interval(edge.config.tick_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -384,15 +412,20 @@ async fn serve_connection(
         tokio::select! {
             biased;
             () = conn.outbox.closing.cancelled() => {
-                break conn.outbox.close_order();
+                let order = conn.outbox.close_order();
+                // What was answered before the order still goes out (the
+                // flood guard's last refusal), unless the peer not reading
+                // is why it closes.
+                if order.as_ref().is_some_and(CloseOrder::flushes_queued) {
+                    flush_queued(&mut socket, &mut reader, frame_bytes).await;
+                }
+                break order;
             }
             () = edge.shutdown.cancelled() => {
                 let payload = json!({ "reason": "service restart", "restartExpectedMs": 0 });
                 conn.outbox.broadcast("shutdown", &payload, false);
                 // Flush what is queued, including the shutdown event.
-                while let Ok(frame) = reader.rx.try_recv() {
-                    let _ = write_batch(&mut socket, frame, &mut reader.rx, frame_bytes).await;
-                }
+                flush_queued(&mut socket, &mut reader, frame_bytes).await;
                 break Some(CloseOrder { code: 1012, reason: "service restart".into() });
             }
             message = socket.next() => match incoming(message) {
@@ -402,6 +435,7 @@ async fn serve_connection(
                     // As the WebSocket library of the OpenClaw gateway words it.
                     break Some(CloseOrder { code: 1009, reason: "Max payload size exceeded".into() });
                 }
+                Incoming::NotUtf8 => break Some(CloseOrder { code: 1007, reason: NOT_UTF8.into() }),
                 Incoming::Closed => break None,
                 Incoming::Ignore => {}
             },
@@ -425,6 +459,13 @@ async fn serve_connection(
                 }
             }
             _ = ticks.tick() => {
+                let now = tokio::time::Instant::now();
+                // A message half-read for longer than the frame timeout ends
+                // the socket (checked each tick, so up to a tick late).
+                if guard.unfinished_for(now).is_some_and(|took| took > edge.config.frame_timeout) {
+                    over_limit = true;
+                    break Some(CloseOrder { code: 1008, reason: "frame timeout".into() });
+                }
                 conn.outbox.broadcast("tick", &json!({ "ts": now_ms() }), false);
             }
         }

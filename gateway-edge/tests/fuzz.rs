@@ -24,6 +24,7 @@ use std::time::Duration;
 use common::*;
 use futures::{SinkExt, StreamExt};
 use gateway_edge::edge::Edge;
+use gateway_edge::json_depth::nests_deeper_than;
 use gateway_edge::methods::SERVED_METHODS;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
@@ -36,6 +37,8 @@ const FRAMES_PER_CONNECTION: usize = 2000;
 const PREAUTH_MAX_BYTES: usize = 4096;
 const PREAUTH_PER_IP: usize = 16;
 const CONCURRENCY: usize = 8;
+/// The edge's default `EDGE_MAX_JSON_DEPTH`.
+const MAX_JSON_DEPTH: u32 = 64;
 /// The longest any single step may take.
 const STEP: Duration = Duration::from_secs(5);
 
@@ -330,8 +333,10 @@ fn mutated_frame(rng: &mut Rng, id: &str) -> Value {
 fn post_auth_frame(rng: &mut Rng, n: usize) -> Frame {
     let id = format!("f{n}");
     match rng.below(20) {
+        // Binary that is not UTF-8 closes the socket (1007, tests/abuse.rs),
+        // so a burst's binary frames are text.
         0 => Frame {
-            bytes: random_bytes(rng, 300),
+            bytes: random_text(rng, 300).into_bytes(),
             binary: true,
         },
         1 => Frame::text(random_text(rng, 200)),
@@ -572,6 +577,9 @@ fn frame_text(frame: &Frame) -> Option<String> {
 /// After the handshake: `None` when no answer is due.
 fn expect_after_auth(frame: &Frame, held: Option<&str>) -> Option<(String, Check)> {
     let text = frame_text(frame)?;
+    if nests_deeper_than(&text, MAX_JSON_DEPTH) {
+        return Some(("invalid".to_owned(), Check::InvalidFrame));
+    }
     let value: Value = serde_json::from_str(&text).ok()?;
     let (id, method) = match as_request(&value) {
         Err(id) => return Some((id, Check::InvalidFrame)),
@@ -639,10 +647,14 @@ enum PreauthExpect {
 }
 
 fn expect_before_auth(frame: &Frame) -> PreauthExpect {
-    // Binary that is not UTF-8 reads as no text at all.
-    let text = frame_text(frame).unwrap_or_default();
-    if text.len() > PREAUTH_MAX_BYTES {
+    if frame.bytes.len() > PREAUTH_MAX_BYTES {
         return PreauthExpect::Close(1009, "preauth payload too large");
+    }
+    let Some(text) = frame_text(frame) else {
+        return PreauthExpect::Close(1007, "invalid UTF-8");
+    };
+    if nests_deeper_than(&text, MAX_JSON_DEPTH) {
+        return PreauthExpect::Close(1008, "invalid request frame");
     }
     let Ok(value) = serde_json::from_str::<Value>(&text) else {
         return PreauthExpect::Close(1000, "");
@@ -974,6 +986,11 @@ async fn malformed_frames_never_hang_or_break_the_edge() {
     config.preauth_per_ip = PREAUTH_PER_IP;
     config.handshake_timeout = Duration::from_secs(10);
     config.auth_failures_per_minute = u32::MAX;
+    // The per-connection limits have tests of their own (tests/abuse.rs);
+    // here a burst fires thousands of requests, refused ones among them.
+    config.max_in_flight = usize::MAX;
+    config.unauthorized_flood_limit = u32::MAX;
+    assert_eq!(config.max_json_depth, MAX_JSON_DEPTH);
     let (url, edge): (String, Arc<Edge>) = system.edge(config).await;
     let started = Instant::now();
     // FUZZ_SEED=<n> explores other inputs; the default is fixed.

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use session_store_api::SessionKey;
 use tracing::Instrument;
 
-use crate::conn::Conn;
+use crate::conn::{CloseOrder, Conn};
 use crate::edge::Edge;
 use crate::frames::{self, ErrorShape, FrameError, Request, parse_request};
 use crate::scopes::{self, ADMIN, APPROVALS, QUESTIONS, READ, WRITE};
@@ -247,6 +247,14 @@ pub(crate) fn fail(error: ErrorShape) -> (ErrorShape, Option<Value>) {
 /// Reads one text frame of an authenticated connection.
 pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
     let received = Instant::now();
+    let max_depth = edge.config.max_json_depth;
+    if crate::json_depth::nests_deeper_than(text, max_depth) {
+        let error = ErrorShape::invalid(format!(
+            "invalid request frame: nested deeper than {max_depth} levels (EDGE_MAX_JSON_DEPTH)"
+        ));
+        reply(edge, conn, "invalid", "", Err(fail(error)));
+        return;
+    }
     let request = match parse_request(text) {
         Ok(request) => request,
         // Unparsable JSON after the handshake is ignored.
@@ -261,7 +269,14 @@ pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
     let refused = |error| reply(edge, conn, &request.id, &request.method, Err(fail(error)));
     let required = required_scope(&request.method, &request.params);
     if let Err(error) = scopes::authorize(required, &conn.role, &conn.scopes) {
-        refused(error);
+        // Not `reply`: this answer must not end the row it counts in.
+        send_answer(edge, conn, &request.id, &request.method, Err(fail(error)));
+        if conn.requests.unauthorized() > edge.config.unauthorized_flood_limit {
+            conn.outbox.close(CloseOrder {
+                code: 1008,
+                reason: "repeated unauthorized calls".into(),
+            });
+        }
         return;
     }
     if request.method == "connect" {
@@ -277,10 +292,22 @@ pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
         )));
         return;
     };
+    let max_in_flight = edge.config.max_in_flight;
+    if !conn.requests.admit(max_in_flight) {
+        refused(
+            ErrorShape::unavailable(format!(
+                "too many requests in flight on this connection (at most {max_in_flight}, EDGE_MAX_IN_FLIGHT)"
+            ))
+            .retry_after(IN_FLIGHT_RETRY_AFTER_MS)
+            .with_details(json!({ "code": "TOO_MANY_IN_FLIGHT", "limit": max_in_flight })),
+        );
+        return;
+    }
     let (edge, conn) = (edge.clone(), conn.clone());
     let span = trace::request_span(&request);
     tokio::spawn(
         async move {
+            let _in_flight = conn.requests.started();
             let call = Call {
                 edge: &edge,
                 conn: &conn,
@@ -298,8 +325,18 @@ pub fn dispatch(edge: &Arc<Edge>, conn: &Arc<Conn>, text: &str) {
     );
 }
 
-/// Sends the (final) answer to a request and counts it.
+/// When a request refused for the connection's in-flight limit may be
+/// sent again.
+const IN_FLIGHT_RETRY_AFTER_MS: u64 = 100;
+
+/// Sends the (final) answer to a request and counts it. The flood guard
+/// counts refused authorizations in a row: any other answer ends the row.
 fn reply(edge: &Edge, conn: &Conn, id: &str, method: &str, answer: Answer) {
+    conn.requests.answered();
+    send_answer(edge, conn, id, method, answer);
+}
+
+fn send_answer(edge: &Edge, conn: &Conn, id: &str, method: &str, answer: Answer) {
     let frame = match answer {
         Ok(payload) => {
             edge.metrics.request(method, Ok(()));
