@@ -256,6 +256,17 @@ impl Process {
         Some(std::time::Duration::from_millis(ticks * 10))
     }
 
+    /// A memory figure of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`,
+    /// the peak RSS so far, …); `None` where that is not readable.
+    pub fn status_kib(&self, field: &str) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()?)).ok()?;
+        let line = status.lines().find(|line| {
+            line.strip_prefix(field)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
     /// The `address` field of the first line that contains `message` (e.g.
     /// `serving /metrics`).
     pub fn logged_address(&self, message: &str) -> Option<SocketAddr> {
