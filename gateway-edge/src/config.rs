@@ -178,6 +178,12 @@ pub struct EdgeConfig {
     /// count again.
     #[arg(long, env = "EDGE_UNAUTHORIZED_FLOOD_LIMIT", default_value_t = 10)]
     pub unauthorized_flood_limit: u32,
+    /// Service tokens (comma-separated; the first is sent): the edge's
+    /// calls to the store and the coordinator carry it, as those services
+    /// require when they are given the same (docs/security.md). Unset: no
+    /// token.
+    #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
+    pub service_token: Option<clawgate_telemetry::ServiceTokens>,
     /// Most open WebSocket connections.
     #[arg(long, env = "EDGE_MAX_CONNECTIONS", default_value_t = 20_000)]
     pub max_connections: usize,

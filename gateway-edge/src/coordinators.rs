@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
-use clawgate_telemetry::{TracedChannel, traced_channel};
+use clawgate_telemetry::{ServiceTokens, TracedChannel, service_channel};
 use session_store_api::SessionStore;
 use session_store_api::grpc::client::RemoteStore;
 use tokio::time::Instant;
@@ -33,6 +33,8 @@ pub struct Coordinators {
     /// answering (SIGSTOP, a partition) fails its calls and streams after at
     /// most twice this, so they follow the new leader instead of hanging.
     keepalive: Duration,
+    /// The service token its calls carry.
+    tokens: Option<ServiceTokens>,
     /// The configured addresses, in order.
     candidates: Vec<String>,
     /// The address in use and its client.
@@ -66,14 +68,18 @@ pub fn should_fail_over(status: &Status) -> bool {
     status.code() == Code::Unavailable
 }
 
-fn client_for(address: &str, keepalive: Duration) -> anyhow::Result<CoordinatorClient> {
+fn client_for(
+    address: &str,
+    keepalive: Duration,
+    tokens: Option<&ServiceTokens>,
+) -> anyhow::Result<CoordinatorClient> {
     let endpoint = Endpoint::from_shared(address.to_owned())?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(keepalive)
         .keep_alive_timeout(keepalive)
         .keep_alive_while_idle(true);
-    let channel = traced_channel(endpoint.connect_lazy(), endpoint.uri());
+    let channel = service_channel(endpoint.connect_lazy(), endpoint.uri(), tokens);
     Ok(RunCoordinatorClient::new(channel)
         .max_decoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES)
         .max_encoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES))
@@ -99,6 +105,7 @@ impl Coordinators {
         store: RemoteStore,
         failover_timeout: Duration,
         keepalive: Duration,
+        tokens: Option<ServiceTokens>,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(
             !keepalive.is_zero(),
@@ -113,11 +120,15 @@ impl Coordinators {
         anyhow::ensure!(!candidates.is_empty(), "no run coordinator address given");
         let mut clients = HashMap::new();
         for address in &candidates {
-            clients.insert(address.clone(), client_for(address, keepalive)?);
+            clients.insert(
+                address.clone(),
+                client_for(address, keepalive, tokens.as_ref())?,
+            );
         }
         let first = (candidates[0].clone(), clients[&candidates[0]].clone());
         Ok(Self {
             keepalive,
+            tokens,
             candidates,
             current: RwLock::new(first),
             clients: Mutex::new(clients),
@@ -141,7 +152,7 @@ impl Coordinators {
             if let Some(client) = clients.get(address) {
                 client.clone()
             } else {
-                match client_for(address, self.keepalive) {
+                match client_for(address, self.keepalive, self.tokens.as_ref()) {
                     Ok(client) => {
                         clients.insert(address.to_owned(), client.clone());
                         client

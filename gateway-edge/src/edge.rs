@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use clawgate_telemetry::traced_channel;
+use clawgate_telemetry::service_auth::constant_time_eq;
+use clawgate_telemetry::service_channel;
 use session_store_api::grpc::client::RemoteStore;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -38,13 +39,19 @@ impl Backends {
         let endpoint = Endpoint::from_shared(store.to_owned())?
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5));
-        let store = RemoteStore::new(traced_channel(endpoint.connect_lazy(), endpoint.uri()));
+        let tokens = config.service_token.as_ref();
+        let store = RemoteStore::new(service_channel(
+            endpoint.connect_lazy(),
+            endpoint.uri(),
+            tokens,
+        ));
         Ok(Self {
             coordinator: Arc::new(Coordinators::new(
                 &config.coordinator_address,
                 store.clone(),
                 config.coordinator_failover_timeout,
                 config.coordinator_keepalive,
+                tokens.cloned(),
             )?),
             store,
         })
@@ -125,16 +132,6 @@ impl Drop for PreauthSlot {
     fn drop(&mut self) {
         self.give_back();
     }
-}
-
-fn constant_time_eq(a: &str, b: &str) -> bool {
-    // Comparing digests keeps the time independent of where they differ
-    // and of the secret's length.
-    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
 }
 
 impl Edge {
@@ -309,7 +306,7 @@ impl Edge {
                 &format!("unauthorized: gateway {kind} missing (provide gateway auth {kind})"),
                 "update_auth_configuration",
             )),
-            Some(given) if constant_time_eq(given, expected) => Ok(kind),
+            Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(kind),
             Some(_) => Err(auth_failure(
                 if kind == "token" {
                     "AUTH_TOKEN_MISMATCH"

@@ -240,6 +240,12 @@ pub struct ServeArgs {
         default_value = "http://127.0.0.1:50061"
     )]
     pub store_address: String,
+    /// Service tokens (comma-separated; the first is sent): calls to this
+    /// coordinator without one are refused `UNAUTHENTICATED` (health
+    /// checks excepted), and its calls to the store carry the first
+    /// (docs/security.md). Unset: no token asked or sent.
+    #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
+    pub service_token: Option<clawgate_telemetry::ServiceTokens>,
     #[command(flatten)]
     pub coordinator: CoordinatorArgs,
 }

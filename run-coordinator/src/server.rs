@@ -27,7 +27,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     check_transport(&args)?;
-    let store = RemoteStore::connect(&args.store_address)
+    let store = RemoteStore::connect_with(&args.store_address, args.service_token.as_ref())
         .await
         .context("connecting to the session store")?;
     let metrics_listener = TcpListener::bind(args.metrics_listen).await?;
@@ -43,6 +43,7 @@ pub async fn serve(
         drain_timeout: args.coordinator.drain_timeout,
         grpc_max_message_bytes: args.grpc_max_message_bytes,
         metrics_listener: Some(metrics_listener),
+        service_tokens: args.service_token.clone(),
     };
     serve_coordinator(coordinator, options, listener, shutdown).await
 }
@@ -56,6 +57,8 @@ pub struct ServeOptions {
     pub grpc_max_message_bytes: usize,
     /// Where `/metrics` is served; none, no endpoint.
     pub metrics_listener: Option<TcpListener>,
+    /// Calls without one of these are refused; none, every call is served.
+    pub service_tokens: Option<clawgate_telemetry::ServiceTokens>,
 }
 
 impl Default for ServeOptions {
@@ -64,6 +67,7 @@ impl Default for ServeOptions {
             drain_timeout: Duration::from_secs(30),
             grpc_max_message_bytes: clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES,
             metrics_listener: None,
+            service_tokens: None,
         }
     }
 }
@@ -134,6 +138,9 @@ pub async fn serve_coordinator(
     tracing::info!(%address, epoch = coordinator.epoch(), "run coordinator serving gRPC");
     Server::builder()
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
+        .layer(clawgate_telemetry::ServiceAuthLayer::new(
+            options.service_tokens.clone(),
+        ))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)

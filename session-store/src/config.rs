@@ -24,6 +24,12 @@ pub struct StoreConfig {
     )]
     pub metrics_listen: SocketAddr,
 
+    /// Service tokens (comma-separated): calls without one are refused
+    /// `UNAUTHENTICATED` (health checks excepted; docs/security.md).
+    /// Unset: every call is served.
+    #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
+    pub service_token: Option<clawgate_telemetry::ServiceTokens>,
+
     /// Where the data lives: a file path (the embedded store) or a
     /// `postgres://` URL.
     #[arg(

@@ -36,6 +36,8 @@ pub struct ServeOptions {
     pub metrics_listener: Option<TcpListener>,
     /// Largest gRPC message accepted or sent.
     pub grpc_max_message_bytes: usize,
+    /// Calls without one of these are refused; none, every call is served.
+    pub service_tokens: Option<clawgate_telemetry::ServiceTokens>,
 }
 
 impl Default for ServeOptions {
@@ -47,6 +49,7 @@ impl Default for ServeOptions {
             metrics: StoreMetrics::default(),
             metrics_listener: None,
             grpc_max_message_bytes: MAX_MESSAGE_BYTES,
+            service_tokens: None,
         }
     }
 }
@@ -58,6 +61,7 @@ impl From<&StoreConfig> for ServeOptions {
             run_retention: config.run_retention,
             purge_interval: config.purge_interval,
             grpc_max_message_bytes: config.grpc_max_message_bytes,
+            service_tokens: config.service_token.clone(),
             ..Self::default()
         }
     }
@@ -154,6 +158,9 @@ pub async fn serve_store(
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = Server::builder()
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
+        .layer(clawgate_telemetry::ServiceAuthLayer::new(
+            options.service_tokens.clone(),
+        ))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)

@@ -39,6 +39,12 @@ async fn main() -> anyhow::Result<()> {
         edge_config.token = Some(uuid::Uuid::new_v4().simple().to_string());
     }
     edge_config.check()?;
+    anyhow::ensure!(
+        store_config.service_token == coordinator_args.service_token
+            && coordinator_args.service_token == edge_config.service_token,
+        "the three services need the same service token: set CLAWGATE_SERVICE_TOKEN, or \
+         --store-service-token, --coordinator-service-token and --edge-service-token alike"
+    );
     // Everything binds first, so that a port 0 becomes the real port that
     // the edge is given and that is printed.
     let store_metrics_listener = TcpListener::bind(store_config.metrics_listen).await?;
@@ -132,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
         drain_timeout: coordinator_settings.drain_timeout,
         grpc_max_message_bytes: coordinator_args.grpc_max_message_bytes,
         metrics_listener: Some(coordinator_metrics_listener),
+        service_tokens: coordinator_args.service_token.clone(),
     };
     let served = run_coordinator::server::serve_coordinator(
         coordinator,

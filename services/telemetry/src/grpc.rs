@@ -29,6 +29,7 @@ use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::propagation::{self, RECORDED_BAGGAGE};
+use crate::service_auth::{ServiceTokens, WithServiceToken};
 
 /// Which end of a call a span stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,12 +336,24 @@ impl CallSide for GrpcClientTraceLayer {
     }
 }
 
-/// A tonic channel whose calls are traced.
-pub type TracedChannel = GrpcTrace<tonic::transport::Channel, GrpcClientTraceLayer>;
+/// A tonic channel to another clawgate service: its calls are traced and
+/// carry the service token when there is one.
+pub type TracedChannel =
+    GrpcTrace<WithServiceToken<tonic::transport::Channel>, GrpcClientTraceLayer>;
 
-/// Wraps a channel to `endpoint` in the client trace layer.
+/// Wraps a channel to `endpoint` in the client trace layer (no token).
 pub fn traced_channel(channel: tonic::transport::Channel, endpoint: &http::Uri) -> TracedChannel {
-    GrpcClientTraceLayer::new(endpoint).layer(channel)
+    service_channel(channel, endpoint, None)
+}
+
+/// Wraps a channel to another clawgate service `endpoint` in the client
+/// trace layer, its calls carrying `tokens`' first token.
+pub fn service_channel(
+    channel: tonic::transport::Channel,
+    endpoint: &http::Uri,
+    tokens: Option<&ServiceTokens>,
+) -> TracedChannel {
+    GrpcClientTraceLayer::new(endpoint).layer(WithServiceToken::new(channel, tokens))
 }
 
 #[cfg(test)]

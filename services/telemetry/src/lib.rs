@@ -14,6 +14,7 @@ pub mod grpc;
 mod logs;
 pub mod metrics;
 pub mod propagation;
+pub mod service_auth;
 
 use std::time::Duration;
 
@@ -37,7 +38,10 @@ pub mod otel {
     pub use opentelemetry::trace::{SpanContext, TraceContextExt};
     pub use tracing_opentelemetry::OpenTelemetrySpanExt;
 }
-pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, TracedChannel, traced_channel};
+pub use grpc::{
+    GrpcClientTraceLayer, GrpcServerTraceLayer, TracedChannel, service_channel, traced_channel,
+};
+pub use service_auth::{ServiceAuthLayer, ServiceTokens};
 
 /// Spans exported unless `CLAWGATE_TRACE_FILTER` says otherwise: the
 /// trace-only ones (target `otel::…`: gRPC calls, store operations, run

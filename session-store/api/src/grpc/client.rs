@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use clawgate_proto::session_store::v1 as pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
-use clawgate_telemetry::{TracedChannel, traced_channel};
+use clawgate_telemetry::{ServiceTokens, TracedChannel, service_channel};
 use tonic::transport::Endpoint;
 
 use super::MAX_MESSAGE_BYTES;
@@ -24,6 +24,12 @@ pub struct RemoteStore {
 impl RemoteStore {
     /// Connects to `http://host:port`.
     pub async fn connect(address: &str) -> StoreResult<Self> {
+        Self::connect_with(address, None).await
+    }
+
+    /// Connects to `http://host:port`, every call carrying the first of
+    /// `tokens` (docs/security.md).
+    pub async fn connect_with(address: &str, tokens: Option<&ServiceTokens>) -> StoreResult<Self> {
         let endpoint = Endpoint::from_shared(address.to_owned())
             .map_err(|e| {
                 StoreError::invalid(format!("bad session-store address {address:?}: {e}"))
@@ -32,7 +38,7 @@ impl RemoteStore {
         let channel = endpoint.connect().await.map_err(|e| {
             StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}"))
         })?;
-        Ok(Self::new(traced_channel(channel, endpoint.uri())))
+        Ok(Self::new(service_channel(channel, endpoint.uri(), tokens)))
     }
 
     /// A store over a channel already wrapped in the client trace layer.

@@ -1,0 +1,218 @@
+//! Service-to-service trust: a shared service token, as tower layers.
+//!
+//! When the services are given tokens (`--service-token`,
+//! `CLAWGATE_SERVICE_TOKEN`, comma-separated), every gRPC call between them
+//! carries the first in `authorization: Bearer <token>`, and a server
+//! answers any call without one of its tokens `UNAUTHENTICATED` before the
+//! call reaches a handler. Several tokens let a token be rotated without a
+//! pause: servers accept the new and the old one while clients move to the
+//! new one. Health checks (`grpc.health.v1`) stay open, since Kubernetes'
+//! gRPC probes cannot send a header. Without tokens both layers pass every
+//! call through.
+//!
+//! Tokens are compared in constant time (of digests, so neither where they
+//! differ nor their length shows), and never printed: their `Debug` is
+//! redacted.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::{Either, Ready, ready};
+use http::HeaderValue;
+use sha2::{Digest, Sha256};
+use tower::{Layer, Service};
+
+/// Whether `a` and `b` are equal, in time that depends on neither.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(a), Sha256::digest(b));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// The service tokens this process accepts; it sends the first.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServiceTokens(Arc<[String]>);
+
+impl std::fmt::Debug for ServiceTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ServiceTokens(<{} redacted>)", self.0.len())
+    }
+}
+
+impl FromStr for ServiceTokens {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let tokens: Vec<String> = raw.split(',').map(|t| t.trim().to_owned()).collect();
+        if tokens.iter().any(String::is_empty) {
+            return Err("a service token may not be empty".into());
+        }
+        if let Some(bad) = tokens.iter().find(|t| HeaderValue::from_str(t).is_err()) {
+            return Err(format!(
+                "a service token must be visible ASCII ({} characters given)",
+                bad.chars().count()
+            ));
+        }
+        Ok(Self(tokens.into()))
+    }
+}
+
+impl ServiceTokens {
+    /// The `authorization` value this process sends.
+    fn header(&self) -> HeaderValue {
+        let mut value =
+            HeaderValue::from_str(&format!("Bearer {}", self.0[0])).expect("checked when parsed");
+        value.set_sensitive(true);
+        value
+    }
+
+    /// Whether `authorization` holds one of the tokens.
+    fn accepts(&self, authorization: Option<&HeaderValue>) -> bool {
+        let given = authorization
+            .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+            .unwrap_or_default();
+        // Every token is compared, so the time does not tell which matched.
+        self.0.iter().fold(false, |found, token| {
+            found | constant_time_eq(given, token.as_bytes())
+        })
+    }
+}
+
+/// Adds the service token to every call of a client channel.
+#[derive(Debug, Clone)]
+pub struct WithServiceToken<S> {
+    inner: S,
+    authorization: Option<HeaderValue>,
+}
+
+impl<S> WithServiceToken<S> {
+    pub fn new(inner: S, tokens: Option<&ServiceTokens>) -> Self {
+        Self {
+            inner,
+            authorization: tokens.map(ServiceTokens::header),
+        }
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for WithServiceToken<S>
+where
+    S: Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if let Some(value) = &self.authorization {
+            request
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, value.clone());
+        }
+        self.inner.call(request)
+    }
+}
+
+/// Refuses calls without one of the tokens, on a tonic server
+/// (`Server::builder().layer(…)`); `None`: every call passes.
+#[derive(Debug, Clone)]
+pub struct ServiceAuthLayer {
+    tokens: Option<ServiceTokens>,
+}
+
+impl ServiceAuthLayer {
+    pub fn new(tokens: Option<ServiceTokens>) -> Self {
+        Self { tokens }
+    }
+}
+
+impl<S> Layer<S> for ServiceAuthLayer {
+    type Service = ServiceAuth<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ServiceAuth {
+            inner,
+            tokens: self.tokens.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceAuth<S> {
+    inner: S,
+    tokens: Option<ServiceTokens>,
+}
+
+impl<S, B> Service<http::Request<B>> for ServiceAuth<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Either<S::Future, Ready<Result<S::Response, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let open = request.uri().path().starts_with("/grpc.health.");
+        match &self.tokens {
+            Some(tokens)
+                if !open && !tokens.accepts(request.headers().get(http::header::AUTHORIZATION)) =>
+            {
+                let refusal = tonic::Status::unauthenticated(
+                    "this call needs the service token (CLAWGATE_SERVICE_TOKEN)",
+                );
+                Either::Right(ready(Ok(refusal.into_http())))
+            }
+            _ => Either::Left(self.inner.call(request)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(value: &str) -> HeaderValue {
+        HeaderValue::from_str(value).unwrap()
+    }
+
+    #[test]
+    fn tokens_parse_accept_and_stay_unprinted() {
+        let tokens: ServiceTokens = "new-token, old-token".parse().unwrap();
+        assert!(tokens.accepts(Some(&header("Bearer new-token"))));
+        assert!(tokens.accepts(Some(&header("Bearer old-token"))));
+        assert!(!tokens.accepts(Some(&header("Bearer other"))));
+        assert!(
+            !tokens.accepts(Some(&header("new-token"))),
+            "the scheme is needed"
+        );
+        assert!(!tokens.accepts(None));
+        assert_eq!(
+            tokens.header(),
+            header("Bearer new-token"),
+            "the first is sent"
+        );
+        assert!(tokens.header().is_sensitive());
+        assert!(!format!("{tokens:?}").contains("token"));
+        assert!("a,,b".parse::<ServiceTokens>().is_err());
+        assert!("".parse::<ServiceTokens>().is_err());
+        assert!("bad\ntoken".parse::<ServiceTokens>().is_err());
+    }
+
+    #[test]
+    fn equality_in_constant_time_is_equality() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret-longer"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}
