@@ -17,6 +17,8 @@ pub mod device;
 pub mod edge;
 pub mod fanout;
 pub mod frames;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handshake;
 pub mod identity;
 pub mod json_depth;

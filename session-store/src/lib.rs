@@ -13,6 +13,8 @@
 
 pub mod backend;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod limits;
 pub mod metrics;

@@ -91,15 +91,17 @@ pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
         .map_err(fail)?
         .and_then(|mode| <QueueMode as clap::ValueEnum>::from_str(mode, false).ok())
         .map(queue_mode_to_pb);
+    // Checked before a slash command runs too: the params are the same
+    // closed schema whatever the message says.
+    let timeout_ms = p
+        .integer("timeoutMs", 0, 48 * 3600 * 1000)
+        .map_err(fail)?
+        .unwrap_or(0);
     if super::commands::interpreted(params)
         && let Some(command) = super::commands::parse(message).map_err(fail)?
     {
         return super::commands::run(call, &session, key, command, received).await;
     }
-    let timeout_ms = p
-        .integer("timeoutMs", 0, 48 * 3600 * 1000)
-        .map_err(fail)?
-        .unwrap_or(0);
     start_turn(
         edge,
         conn,
