@@ -59,16 +59,55 @@ async fn seed_a_same_key_twice_postgres() {
     same_key_during_a_run_is_in_flight(Backend::Postgres).await;
 }
 
+/// Seed B: ten runs of one session, nine of them submitted concurrently
+/// while the first executes. They really queue (each ACK's queue position
+/// is its place behind the first), run one at a time in the order the
+/// coordinator admitted them, and leave user/assistant pairs, run by run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_b_one_session_runs_one_at_a_time_in_arrival_order() {
     let runtime = Recording::echo(5, 3);
     let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
     let mut client = cluster.client.clone();
-    let ids: Vec<String> = (0..10).map(|i| format!("b-{i}")).collect();
-    for (i, id) in ids.iter().enumerate() {
-        let ack = submit(&mut client, submit_req(id, "lane", &format!("message {i}"))).await;
-        assert_eq!(ack.admission, pb::Admission::Accepted as i32);
+    // The first run executes long enough (two pieces 600 ms apart) for
+    // the other nine to be admitted behind it.
+    let first = pb::SubmitRequest {
+        options_json: r#"{"chunks":2,"paceMs":600}"#.into(),
+        ..submit_req("b-0", "lane", "message 0")
+    };
+    let ack = submit(&mut client, first).await;
+    assert_eq!(ack.admission, pb::Admission::Accepted as i32);
+    until_snapshot(&cluster, "b-0", "b-0 running", |s| {
+        status(s) == RunStatus::Running
+    })
+    .await;
+    let acks = futures::future::join_all((1..10).map(|i| {
+        let mut client = client.clone();
+        async move {
+            let id = format!("b-{i}");
+            let ack = submit(
+                &mut client,
+                submit_req(&id, "lane", &format!("message {i}")),
+            )
+            .await;
+            (id, ack)
+        }
+    }))
+    .await;
+    let mut admitted: Vec<(u32, String)> = Vec::new();
+    for (id, ack) in acks {
+        assert_eq!(ack.admission, pb::Admission::Accepted as i32, "{id}");
+        let position = ack.snapshot.expect("an ACK has the run").queue_position;
+        admitted.push((position, id));
     }
+    admitted.sort();
+    let positions: Vec<u32> = admitted.iter().map(|(p, _)| *p).collect();
+    assert_eq!(
+        positions,
+        (1..10).collect::<Vec<u32>>(),
+        "each queued behind the ones admitted before it: {admitted:?}"
+    );
+    let mut ids = vec!["b-0".to_owned()];
+    ids.extend(admitted.into_iter().map(|(_, id)| id));
     for id in &ids {
         assert_eq!(status(&finished(&mut client, id).await), RunStatus::Ok);
     }
@@ -77,7 +116,7 @@ async fn seed_b_one_session_runs_one_at_a_time_in_arrival_order() {
     assert_eq!(
         order,
         ids.iter().map(String::as_str).collect::<Vec<_>>(),
-        "arrival order"
+        "admission order"
     );
     for pair in executions.windows(2) {
         assert!(

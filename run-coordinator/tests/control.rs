@@ -50,20 +50,65 @@ async fn seed_c_interrupt_supersedes_the_active_run() {
         .await
         .unwrap_err();
     assert_eq!(late.code(), "STALE_WRITER");
-    // The transcript: old's user turn, then new's turn; nothing of old after.
-    let roles: Vec<(String, String)> = transcript(&cluster, "main")
+    // The whole transcript: old's user turn, then new's turn; nothing of
+    // old's answer, which kept coming after it was superseded.
+    assert_eq!(
+        turns(&cluster, "main").await,
+        ["old:user", "new:user", "new:assistant"]
+    );
+    cluster.finish().await;
+}
+
+/// A session's transcript as "run:role" entries.
+async fn turns(cluster: &Cluster, session: &str) -> Vec<String> {
+    transcript(cluster, session)
         .await
         .into_iter()
-        .map(|e| (e.run_id, e.role))
-        .collect();
-    assert_eq!(roles.first(), Some(&("old".into(), "user".into())));
-    assert_eq!(
-        &roles[roles.len() - 2..],
-        &[
-            ("new".into(), "user".into()),
-            ("new".into(), "assistant".into())
-        ]
-    );
+        .map(|e| format!("{}:{}", e.run_id, e.role))
+        .collect()
+}
+
+/// Seed C from the coordinator's side: the writer slot is taken over in the
+/// store behind the coordinator's back (as a newer owner would), so the
+/// running run's own next write is refused for its stale fence, and the
+/// coordinator ends it `superseded` by the run that holds the slot, writing
+/// nothing more of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_c_a_stale_append_of_the_running_run_ends_it_superseded() {
+    use session_store::model::{AcquireMode, AcquireWriter, ExpectedSession};
+    let runtime = Recording::echo(30, 10);
+    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client.clone();
+    let old = submit_req("old", "main", "a long answer that keeps going");
+    submit(&mut client, old).await;
+    let running = until_text(&cluster, "old").await;
+    let key = session_store::SessionKey::parse("main").unwrap();
+    let table = cluster.store.list_leases().await.unwrap();
+    let partition = clawgate_common::partition::partition_of(key.as_str(), table.partition_count);
+    let taken = cluster
+        .store
+        .acquire_writer(AcquireWriter {
+            key: key.clone(),
+            expected_session: ExpectedSession::Current,
+            expected_writer: None,
+            run_id: "usurper".into(),
+            mode: AcquireMode::Takeover,
+            label: None,
+            owner_token: table.leases[partition as usize].token(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(taken.superseded_run_id.as_deref(), Some("old"));
+    assert!(taken.fence_token > running.fence_token.unwrap());
+
+    let done = finished(&mut client, "old").await;
+    assert_eq!(status(&done), RunStatus::Superseded, "{done:?}");
+    assert_eq!(done.superseded_by.as_deref(), Some("usurper"));
+    // The slot is the usurper's still: the old run did not release it.
+    let session = cluster.store.get_session(&key).await.unwrap().unwrap();
+    assert_eq!(session.active_writer_run_id.as_deref(), Some("usurper"));
+    assert_eq!(turns(&cluster, "main").await, ["old:user"]);
+    assert_eq!(runtime.count("old"), 1);
     cluster.finish().await;
 }
 
@@ -84,6 +129,41 @@ async fn seed_d_a_dropped_client_does_not_cancel_the_run() {
     let done = finished(&mut observer, "detached").await;
     assert_eq!(status(&done), RunStatus::Ok);
     assert_eq!(done.text, "finish without me");
+
+    // Dropped before the ACK: the Submit is cancelled in flight, at several
+    // moments (before it leaves, during admission, after). Whatever it got
+    // to, the client's retry with the same key answers, and the run
+    // executes exactly once, to its end.
+    for (n, delay_us) in [0u64, 200, 500, 1_000, 2_000, 5_000]
+        .into_iter()
+        .enumerate()
+    {
+        let run_id = format!("dropped-{n}");
+        let session = format!("dropped-session-{n}");
+        let mut submitter = connect(&cluster.coordinator_url).await;
+        let request = submit_req(&run_id, &session, "finish without me");
+        tokio::select! {
+            _ = submitter.submit(request) => {}
+            () = tokio::time::sleep(Duration::from_micros(delay_us)) => {}
+        }
+        drop(submitter);
+        let retry = submit(
+            &mut observer,
+            submit_req(&run_id, &session, "finish without me"),
+        )
+        .await;
+        let admission = pb::Admission::try_from(retry.admission).unwrap();
+        assert!(
+            matches!(
+                admission,
+                pb::Admission::Accepted | pb::Admission::InFlight | pb::Admission::Completed
+            ),
+            "{run_id}: {retry:?}"
+        );
+        let done = finished(&mut observer, &run_id).await;
+        assert_eq!(status(&done), RunStatus::Ok, "{run_id}");
+        assert_eq!(runtime.count(&run_id), 1, "{run_id} ran once");
+    }
     cluster.finish().await;
 }
 
