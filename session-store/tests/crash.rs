@@ -1,6 +1,8 @@
 //! Crash safety of the embedded backend: the real binary is SIGKILLed while
-//! clients append; after a restart on the same file every acknowledged append
-//! is there, in order, and fence tokens continue above the last one issued.
+//! clients append and others take writer slots over in a loop (issuing
+//! fences right up to the kill); after a restart on the same file every
+//! acknowledged append is there, in order, and each session's fence
+//! continues above the last one it issued.
 
 mod suite;
 
@@ -14,6 +16,8 @@ use session_store::model::*;
 use suite::key;
 
 const WRITERS: usize = 8;
+/// Sessions whose writer slot is taken over again and again.
+const FENCERS: usize = 4;
 
 /// The real binary on `store_file`, every listener on port 0.
 async fn start(store_file: &std::path::Path) -> Process {
@@ -47,7 +51,34 @@ async fn connect(process: &Process) -> RemoteStore {
 struct Acked {
     /// (session key, seq, tag) of every acknowledged entry.
     entries: Vec<(String, u64, String)>,
-    highest_fence: u64,
+    /// The highest fence acknowledged per session.
+    fences: std::collections::HashMap<String, u64>,
+    /// Fences acknowledged in all.
+    fences_issued: usize,
+}
+
+impl Acked {
+    fn fence(&mut self, key: &session_store::SessionKey, fence: u64) {
+        let highest = self.fences.entry(key.as_str().to_owned()).or_default();
+        assert!(fence > *highest, "{key}: fence {fence} after {highest}");
+        *highest = fence;
+        self.fences_issued += 1;
+    }
+}
+
+/// Takes its session's writer slot over in a loop until the server is gone.
+async fn fencer(index: usize, store: RemoteStore, acked: Arc<Mutex<Acked>>) {
+    let k = key(&format!("fence-{index}"));
+    for n in 0.. {
+        let run_id = format!("fencer-{index}-{n}");
+        match store
+            .acquire_writer(suite::acquire_req(&k, &run_id, None, AcquireMode::Takeover))
+            .await
+        {
+            Ok(held) => acked.lock().unwrap().fence(&k, held.fence_token),
+            Err(_) => return,
+        }
+    }
 }
 
 async fn writer(index: usize, store: RemoteStore, acked: Arc<Mutex<Acked>>) {
@@ -63,10 +94,7 @@ async fn writer(index: usize, store: RemoteStore, acked: Arc<Mutex<Acked>>) {
     else {
         return;
     };
-    {
-        let mut acked = acked.lock().unwrap();
-        acked.highest_fence = acked.highest_fence.max(held.fence_token);
-    }
+    acked.lock().unwrap().fence(&k, held.fence_token);
     for n in 0.. {
         let tag = format!("w{index}-{n}");
         match store
@@ -99,12 +127,17 @@ async fn acknowledged_appends_survive_sigkill() {
     let store = connect(&process).await;
 
     let acked = Arc::new(Mutex::new(Acked::default()));
-    let writers: Vec<_> = (0..WRITERS)
+    let mut writers: Vec<_> = (0..WRITERS)
         .map(|i| tokio::spawn(writer(i, store.clone(), acked.clone())))
         .collect();
-    // Kill while appends are in flight, once a good number were acknowledged.
+    writers.extend((0..FENCERS).map(|i| tokio::spawn(fencer(i, store.clone(), acked.clone()))));
+    // Kill while appends and takeovers are in flight, once a good number
+    // of each were acknowledged.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while acked.lock().unwrap().entries.len() < 400 {
+    while {
+        let acked = acked.lock().unwrap();
+        acked.entries.len() < 400 || acked.fences_issued < WRITERS + 200
+    } {
         assert!(
             Instant::now() < deadline,
             "appends are not being acknowledged"
@@ -142,24 +175,29 @@ async fn acknowledged_appends_survive_sigkill() {
             assert_eq!(entry.seq, i as u64 + 1);
         }
     }
-    let after = store
-        .acquire_writer(suite::acquire_req(
-            &key("crash-0"),
-            "after-restart",
-            None,
-            AcquireMode::Takeover,
-        ))
-        .await
-        .unwrap();
-    assert!(
-        after.fence_token > acked.highest_fence,
-        "fence {} reused after restart (highest issued {})",
-        after.fence_token,
-        acked.highest_fence
-    );
+    // Every session that was given fences, the fencers' (whose takeovers
+    // ran up to the kill) and the writers', continues above its highest.
+    assert_eq!(acked.fences.len(), WRITERS + FENCERS);
+    for (session, highest) in &acked.fences {
+        let after = store
+            .acquire_writer(suite::acquire_req(
+                &key(session),
+                "after-restart",
+                None,
+                AcquireMode::Takeover,
+            ))
+            .await
+            .unwrap();
+        assert!(
+            after.fence_token > *highest,
+            "{session}: fence {} reused after restart (highest acknowledged {highest})",
+            after.fence_token,
+        );
+    }
     eprintln!(
-        "crash: {} acknowledged appends survived SIGKILL",
-        acked.entries.len()
+        "crash: {} acknowledged appends and {} acknowledged fences survived SIGKILL",
+        acked.entries.len(),
+        acked.fences_issued
     );
     process.kill().await;
 }
