@@ -63,10 +63,9 @@ async fn seed_a_same_key_twice_postgres() {
 /// while the first executes. They really queue (each ACK's queue position
 /// is its place behind the first), run one at a time in the order the
 /// coordinator admitted them, and leave user/assistant pairs, run by run.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_b_one_session_runs_one_at_a_time_in_arrival_order() {
+async fn one_session_runs_one_at_a_time_in_arrival_order(backend: Backend) {
     let runtime = Recording::echo(5, 3);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     let mut client = cluster.client.clone();
     // The first run executes long enough (two pieces 600 ms apart) for
     // the other nine to be admitted behind it.
@@ -139,13 +138,22 @@ async fn seed_b_one_session_runs_one_at_a_time_in_arrival_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_global_cap_bounds_executing_runs() {
+async fn seed_b_one_session_runs_one_at_a_time_in_arrival_order_embedded() {
+    one_session_runs_one_at_a_time_in_arrival_order(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_b_one_session_runs_one_at_a_time_in_arrival_order_postgres() {
+    one_session_runs_one_at_a_time_in_arrival_order(Backend::Postgres).await;
+}
+
+async fn the_global_cap_bounds_executing_runs(backend: Backend) {
     let runtime = Recording::echo(20, 3);
     let config = CoordinatorConfig {
         max_executing: 2,
         ..CoordinatorConfig::default()
     };
-    let cluster = Cluster::start(runtime.clone(), config).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), config).await;
     let mut client = cluster.client.clone();
     for i in 0..6 {
         submit(
@@ -171,9 +179,18 @@ async fn the_global_cap_bounds_executing_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queue_position_and_reject_mode() {
+async fn the_global_cap_bounds_executing_runs_embedded() {
+    the_global_cap_bounds_executing_runs(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_cap_bounds_executing_runs_postgres() {
+    the_global_cap_bounds_executing_runs(Backend::Postgres).await;
+}
+
+async fn queue_position_and_reject_mode(backend: Backend) {
     let runtime = Recording::echo(30, 4);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     let mut client = cluster.client.clone();
     submit(&mut client, submit_req("q-1", "busy", "first")).await;
     let second = submit(&mut client, submit_req("q-2", "busy", "second")).await;
@@ -208,6 +225,16 @@ async fn queue_position_and_reject_mode() {
         assert_eq!(status(&finished(&mut client, id).await), RunStatus::Ok);
     }
     cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_position_and_reject_mode_embedded() {
+    queue_position_and_reject_mode(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_position_and_reject_mode_postgres() {
+    queue_position_and_reject_mode(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,10 +21,9 @@ async fn until_text(cluster: &Cluster, run_id: &str) -> pb::RunSnapshot {
     until_snapshot(cluster, run_id, "never streamed", |s| !s.text.is_empty()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_c_interrupt_supersedes_the_active_run() {
+async fn interrupt_supersedes_the_active_run(backend: Backend) {
     let runtime = Recording::echo(30, 10);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     let mut client = cluster.client.clone();
     // The old run ignores cancellation: its runtime keeps emitting.
     let old = with_options(
@@ -59,6 +58,16 @@ async fn seed_c_interrupt_supersedes_the_active_run() {
     cluster.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_c_interrupt_supersedes_the_active_run_embedded() {
+    interrupt_supersedes_the_active_run(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_c_interrupt_supersedes_the_active_run_postgres() {
+    interrupt_supersedes_the_active_run(Backend::Postgres).await;
+}
+
 /// A session's transcript as "run:role" entries.
 async fn turns(cluster: &Cluster, session: &str) -> Vec<String> {
     transcript(cluster, session)
@@ -73,11 +82,10 @@ async fn turns(cluster: &Cluster, session: &str) -> Vec<String> {
 /// running run's own next write is refused for its stale fence, and the
 /// coordinator ends it `superseded` by the run that holds the slot, writing
 /// nothing more of it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_c_a_stale_append_of_the_running_run_ends_it_superseded() {
+async fn a_stale_append_of_the_running_run_ends_it_superseded(backend: Backend) {
     use session_store::model::{AcquireMode, AcquireWriter, ExpectedSession};
     let runtime = Recording::echo(30, 10);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     let mut client = cluster.client.clone();
     let old = submit_req("old", "main", "a long answer that keeps going");
     submit(&mut client, old).await;
@@ -113,9 +121,18 @@ async fn seed_c_a_stale_append_of_the_running_run_ends_it_superseded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_d_a_dropped_client_does_not_cancel_the_run() {
+async fn seed_c_a_stale_append_of_the_running_run_ends_it_superseded_embedded() {
+    a_stale_append_of_the_running_run_ends_it_superseded(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_c_a_stale_append_of_the_running_run_ends_it_superseded_postgres() {
+    a_stale_append_of_the_running_run_ends_it_superseded(Backend::Postgres).await;
+}
+
+async fn a_dropped_client_does_not_cancel_the_run(backend: Backend) {
     let runtime = Recording::echo(20, 5);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     {
         // Its own connection, dropped right after the ACK.
         let mut submitter = connect(&cluster.coordinator_url).await;
@@ -168,9 +185,18 @@ async fn seed_d_a_dropped_client_does_not_cancel_the_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_queued_and_running_runs() {
+async fn seed_d_a_dropped_client_does_not_cancel_the_run_embedded() {
+    a_dropped_client_does_not_cancel_the_run(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_d_a_dropped_client_does_not_cancel_the_run_postgres() {
+    a_dropped_client_does_not_cancel_the_run(Backend::Postgres).await;
+}
+
+async fn cancel_queued_and_running_runs(backend: Backend) {
     let runtime = Recording::echo(30, 20);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     let mut client = cluster.client.clone();
     let running = with_options(
         submit_req(
@@ -222,9 +248,18 @@ async fn cancel_queued_and_running_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_by_session_aborts_every_unfinished_run() {
+async fn cancel_queued_and_running_runs_embedded() {
+    cancel_queued_and_running_runs(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_queued_and_running_runs_postgres() {
+    cancel_queued_and_running_runs(Backend::Postgres).await;
+}
+
+async fn cancel_by_session_aborts_every_unfinished_run(backend: Backend) {
     let runtime = Recording::echo(30, 20);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     let mut client = cluster.client.clone();
     for id in ["s-1", "s-2", "s-3"] {
         submit(&mut client, submit_req(id, "abort-me", "a b c d e f g h")).await;
@@ -242,6 +277,16 @@ async fn cancel_by_session_aborts_every_unfinished_run() {
     assert_eq!(statuses, vec![RunStatus::Aborted; 3]);
     assert_eq!(runtime.count("s-2") + runtime.count("s-3"), 0);
     cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_session_aborts_every_unfinished_run_embedded() {
+    cancel_by_session_aborts_every_unfinished_run(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_session_aborts_every_unfinished_run_postgres() {
+    cancel_by_session_aborts_every_unfinished_run(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,10 +75,10 @@ fn slow_echo() -> Arc<Recording> {
     Recording::echo(40, 1000)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn followup_is_a_turn_of_its_own_after_the_active_one() {
+async fn followup_is_a_turn_of_its_own_after_the_active_one(backend: Backend) {
     let runtime = slow_echo();
-    let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut cluster =
+        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     busy(&mut cluster, "f-1", "first message").await;
     submit(
         &mut cluster.client,
@@ -106,9 +106,19 @@ async fn followup_is_a_turn_of_its_own_after_the_active_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn steer_goes_into_the_active_run_at_its_next_boundary() {
+async fn followup_is_a_turn_of_its_own_after_the_active_one_embedded() {
+    followup_is_a_turn_of_its_own_after_the_active_one(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followup_is_a_turn_of_its_own_after_the_active_one_postgres() {
+    followup_is_a_turn_of_its_own_after_the_active_one(Backend::Postgres).await;
+}
+
+async fn steer_goes_into_the_active_run_at_its_next_boundary(backend: Backend) {
     let runtime = slow_echo();
-    let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut cluster =
+        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     busy(&mut cluster, "s-1", "tell me a story").await;
     let steered = submit(
         &mut cluster.client,
@@ -150,9 +160,19 @@ async fn steer_goes_into_the_active_run_at_its_next_boundary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn steer_into_an_idle_session_is_a_turn() {
+async fn steer_goes_into_the_active_run_at_its_next_boundary_embedded() {
+    steer_goes_into_the_active_run_at_its_next_boundary(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steer_goes_into_the_active_run_at_its_next_boundary_postgres() {
+    steer_goes_into_the_active_run_at_its_next_boundary(Backend::Postgres).await;
+}
+
+async fn steer_into_an_idle_session_is_a_turn(backend: Backend) {
     let runtime = Recording::echo(1, 4);
-    let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut cluster =
+        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     submit(
         &mut cluster.client,
         send("i-1", "hello", pb::QueueMode::Steer),
@@ -168,6 +188,16 @@ async fn steer_into_an_idle_session_is_a_turn() {
         pairs(&[("user", "hello"), ("assistant", "hello")])
     );
     cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steer_into_an_idle_session_is_a_turn_embedded() {
+    steer_into_an_idle_session_is_a_turn(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steer_into_an_idle_session_is_a_turn_postgres() {
+    steer_into_an_idle_session_is_a_turn(Backend::Postgres).await;
 }
 
 /// A runtime that never takes a steered message (as one written before
@@ -190,11 +220,10 @@ impl AgentRuntime for Deaf {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_steer_the_runtime_never_takes_is_the_next_turn() {
+async fn a_steer_the_runtime_never_takes_is_the_next_turn(backend: Backend) {
     let runtime = slow_echo();
     let deaf = Arc::new(Deaf(runtime.clone()));
-    let mut cluster = Cluster::start(deaf, CoordinatorConfig::default()).await;
+    let mut cluster = Cluster::start_on(backend, deaf, CoordinatorConfig::default()).await;
     busy(&mut cluster, "d-1", "first message").await;
     submit(
         &mut cluster.client,
@@ -229,9 +258,19 @@ async fn a_steer_the_runtime_never_takes_is_the_next_turn() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn collect_folds_the_waiting_messages_into_one_turn() {
+async fn a_steer_the_runtime_never_takes_is_the_next_turn_embedded() {
+    a_steer_the_runtime_never_takes_is_the_next_turn(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steer_the_runtime_never_takes_is_the_next_turn_postgres() {
+    a_steer_the_runtime_never_takes_is_the_next_turn(Backend::Postgres).await;
+}
+
+async fn collect_folds_the_waiting_messages_into_one_turn(backend: Backend) {
     let runtime = slow_echo();
-    let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut cluster =
+        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     busy(&mut cluster, "c-0", "busy now").await;
     for (id, text) in [("c-1", "one"), ("c-2", "two"), ("c-3", "three")] {
         submit(&mut cluster.client, send(id, text, pb::QueueMode::Collect)).await;
@@ -265,9 +304,19 @@ async fn collect_folds_the_waiting_messages_into_one_turn() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interrupt_supersedes_the_active_run() {
+async fn collect_folds_the_waiting_messages_into_one_turn_embedded() {
+    collect_folds_the_waiting_messages_into_one_turn(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_folds_the_waiting_messages_into_one_turn_postgres() {
+    collect_folds_the_waiting_messages_into_one_turn(Backend::Postgres).await;
+}
+
+async fn interrupt_supersedes_the_active_run(backend: Backend) {
     let runtime = slow_echo();
-    let mut cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut cluster =
+        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     submit(
         &mut cluster.client,
         send("x-1", "a long answer please", pb::QueueMode::Enqueue),
@@ -304,4 +353,14 @@ async fn interrupt_supersedes_the_active_run() {
         .unwrap();
     assert!(old_execution.cancelled, "the old run was cut short");
     cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_supersedes_the_active_run_embedded() {
+    interrupt_supersedes_the_active_run(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_supersedes_the_active_run_postgres() {
+    interrupt_supersedes_the_active_run(Backend::Postgres).await;
 }

@@ -1,11 +1,11 @@
 //! Restart recovery with the real binary: the coordinator process is
-//! SIGKILLed mid-run and started again against the same store. The runtime is
-//! an external gRPC runtime in this test process, so executions are counted
+//! SIGKILLed mid-run and started again against the same store, on each
+//! backend (an embedded file, a PostgreSQL schema). The runtime is an
+//! external gRPC runtime in this test process, so executions are counted
 //! across both coordinator processes.
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use clawgate_proto::run_coordinator::v1 as pb;
@@ -13,7 +13,6 @@ use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorC
 use clawgate_system_tests::process::{Process, service_command};
 use common::*;
 use run_coordinator::runtime::grpc::serve_runtime;
-use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
 use session_store::grpc::client::RemoteStore;
 use session_store::model::RunStatus;
 use tokio::net::TcpListener;
@@ -52,14 +51,11 @@ async fn connect_when_up(process: &Process) -> RunCoordinatorClient<Channel> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest() {
+async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(backend: Backend) {
     let stop = CancellationToken::new();
     let dir = tempfile::tempdir().unwrap();
-    let backend = EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
-        .await
-        .unwrap();
-    let store_url = serve_store_on_port0(Arc::new(backend), stop.clone()).await;
+    let (backend, pg_schema) = open_store(backend, &dir).await;
+    let store_url = serve_store_on_port0(backend, stop.clone()).await;
     let store = RemoteStore::connect(&store_url).await.unwrap();
 
     let runtime = Recording::echo(40, 50);
@@ -132,4 +128,15 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest() {
     assert_eq!(counts.get("queued-other"), Some(&1));
     process.kill().await;
     stop.cancel();
+    drop_pg_schema(pg_schema.as_deref()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest_embedded() {
+    a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest_postgres() {
+    a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(Backend::Postgres).await;
 }

@@ -157,7 +157,10 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-async fn start_store(
+/// A fresh store on `backend`: a file in `dir`, or a PostgreSQL schema of its
+/// own (named in the answer; [`drop_pg_schema`] drops it). PostgreSQL
+/// missing fails the test: it is never skipped.
+pub async fn open_store(
     backend: Backend,
     dir: &tempfile::TempDir,
 ) -> (Arc<dyn SessionStore>, Option<String>) {
@@ -180,6 +183,15 @@ async fn start_store(
                 .unwrap();
             (Arc::new(store), Some(schema))
         }
+    }
+}
+
+/// Drops the PostgreSQL schema [`open_store`] made, if it made one.
+pub async fn drop_pg_schema(schema: Option<&str>) {
+    if let Some(schema) = schema {
+        postgres::drop_schema(&postgres_url(), schema)
+            .await
+            .unwrap();
     }
 }
 
@@ -215,7 +227,7 @@ impl Cluster {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let stop = CancellationToken::new();
-        let (backend, pg_schema) = start_store(backend, &dir).await;
+        let (backend, pg_schema) = open_store(backend, &dir).await;
         let store_metrics = session_store::metrics::StoreMetrics::default();
         let backend = Arc::new(session_store::metrics::Metered::new(
             backend,
@@ -254,11 +266,7 @@ impl Cluster {
 
     pub async fn finish(self) {
         self.stop.cancel();
-        if let Some(schema) = &self.pg_schema {
-            postgres::drop_schema(&postgres_url(), schema)
-                .await
-                .unwrap();
-        }
+        drop_pg_schema(self.pg_schema.as_deref()).await;
     }
 }
 
