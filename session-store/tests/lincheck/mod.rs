@@ -1,0 +1,475 @@
+//! A linearizability checker: Wing & Gong's search with Lowe's memoization,
+//! as Porcupine does it.
+//!
+//! A history is a set of operations, each with the input it was called with,
+//! the output it answered, and the (logical) times of its call and its
+//! answer. It is linearizable when the operations can be put in one order
+//! that respects real time (an operation answered before another was called
+//! comes first) and in which every answer is the one the sequential
+//! specification ([`Model`]) gives.
+//!
+//! The search walks a doubly linked list of call and return events in time
+//! order. At a call it tries to linearize that operation next (the model
+//! must accept its answer from the current state); if so it lifts the
+//! operation out of the list and starts again from the front. At a return
+//! it has met an operation that must come before everything not yet
+//! placed, but could not be placed: it backtracks, undoing the last choice.
+//! Lowe's memoization makes it practical: a configuration (the set of
+//! operations linearized, the model state) seen once is never explored
+//! again, whatever order got there. The set is a bitset over the operations
+//! in call order; the cache keys it by its lowest unplaced operation and the
+//! words from there to its highest placed one, which is a few words however
+//! long the history, since only operations overlapping the first unplaced
+//! one can be placed past it.
+
+use std::collections::HashSet;
+use std::fmt::{Debug, Write as _};
+use std::hash::Hash;
+
+pub mod model;
+
+/// A sequential specification.
+pub trait Model {
+    type State: Clone + Eq + Hash + Debug;
+    type Input: Debug;
+    type Output: Debug;
+
+    fn init(&self) -> Self::State;
+
+    /// The state after `input` was applied and answered `output`, if the
+    /// specification allows that answer from `state`.
+    fn step(
+        &self,
+        state: &Self::State,
+        input: &Self::Input,
+        output: &Self::Output,
+    ) -> Option<Self::State>;
+
+    /// What the specification would answer (for reports). `output` is the
+    /// answer seen, for models whose answer picks among fresh values.
+    fn expected(&self, state: &Self::State, input: &Self::Input, output: &Self::Output) -> String;
+}
+
+/// One operation of a history. `call < ret`; times are comparable across
+/// clients (a global counter, or instants).
+#[derive(Debug, Clone)]
+pub struct Operation<I, O> {
+    pub client: usize,
+    pub input: I,
+    pub call: u64,
+    pub output: O,
+    pub ret: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    pub ops: usize,
+    /// Model steps tried.
+    pub steps: u64,
+    /// Choices undone.
+    pub backtracks: u64,
+    /// Configurations in the memo cache.
+    pub cached: usize,
+}
+
+/// Where the search got furthest, for a history that is not linearizable.
+#[derive(Debug, Clone)]
+pub struct Failure<S> {
+    /// The longest linearizable prefix found: this many operations placed.
+    pub linearized: usize,
+    pub total: usize,
+    /// The operation that could not be placed there (an index into the
+    /// history as given): every operation not placed yet was called before
+    /// it answered, and none of them could go next.
+    pub blocked: usize,
+    /// The last operations of that prefix, in linearization order.
+    pub tail: Vec<usize>,
+    /// The operations that could have gone next (called before `blocked`
+    /// answered, not placed), `blocked` among them.
+    pub candidates: Vec<usize>,
+    /// The model state after the prefix.
+    pub state: S,
+    pub stats: Stats,
+}
+
+const NIL: usize = usize::MAX;
+/// How many operations of the longest prefix a failure shows.
+const TAIL: usize = 24;
+
+/// The set of operations placed, by rank in call order.
+struct Placed {
+    words: Vec<u64>,
+    /// The lowest rank not placed.
+    low: usize,
+    /// The highest rank placed, if any.
+    high: Option<usize>,
+}
+
+impl Placed {
+    fn contains(&self, rank: usize) -> bool {
+        self.words[rank / 64] & (1 << (rank % 64)) != 0
+    }
+
+    fn insert(&mut self, rank: usize) {
+        self.words[rank / 64] |= 1 << (rank % 64);
+        self.high = Some(self.high.map_or(rank, |h| h.max(rank)));
+        while self.low < self.words.len() * 64 && self.contains(self.low) {
+            self.low += 1;
+        }
+    }
+
+    /// Takes `rank` out again, restoring the bounds saved before it went in.
+    fn remove(&mut self, rank: usize, low: usize, high: Option<usize>) {
+        self.words[rank / 64] &= !(1 << (rank % 64));
+        self.low = low;
+        self.high = high;
+    }
+
+    /// A canonical, compact key: every rank below `low` is placed, and the
+    /// words from `low` to `high` say which others are.
+    fn key(&self) -> (u32, Box<[u64]>) {
+        let words = match self.high {
+            Some(high) if high >= self.low => &self.words[self.low / 64..=high / 64],
+            _ => &[][..],
+        };
+        (self.low as u32, words.into())
+    }
+}
+
+/// A choice on the search stack: the call entry lifted, the state before
+/// it, the bounds of `Placed` before it.
+struct Frame<S> {
+    entry: usize,
+    state: S,
+    low: usize,
+    high: Option<usize>,
+}
+
+/// Checks `history` against `model`. `Ok` with statistics when it is
+/// linearizable, else where the search got furthest.
+pub fn check<M: Model>(
+    model: &M,
+    history: &[Operation<M::Input, M::Output>],
+) -> Result<Stats, Box<Failure<M::State>>> {
+    let n = history.len();
+    for op in history {
+        assert!(op.call < op.ret, "an operation answers after its call");
+    }
+    // Ranks in call order; entry 2r is the call of rank r, 2r+1 its return.
+    let mut by_call: Vec<usize> = (0..n).collect();
+    by_call.sort_by_key(|&i| (history[i].call, i));
+    let mut events: Vec<(u64, u8, usize)> = Vec::with_capacity(2 * n);
+    for (rank, &i) in by_call.iter().enumerate() {
+        events.push((history[i].call, 0, 2 * rank));
+        events.push((history[i].ret, 1, 2 * rank + 1));
+    }
+    // At equal times calls come first: the operations overlap.
+    events.sort_unstable();
+    let head = 2 * n;
+    let mut next = vec![NIL; 2 * n + 1];
+    let mut prev = vec![NIL; 2 * n + 1];
+    let mut last = head;
+    for &(_, _, entry) in &events {
+        next[last] = entry;
+        prev[entry] = last;
+        last = entry;
+    }
+
+    let lift = |next: &mut Vec<usize>, prev: &mut Vec<usize>, call: usize| {
+        let ret = call + 1;
+        next[prev[call]] = next[call];
+        prev[next[call]] = prev[call];
+        next[prev[ret]] = next[ret];
+        if next[ret] != NIL {
+            prev[next[ret]] = prev[ret];
+        }
+    };
+    let unlift = |next: &mut Vec<usize>, prev: &mut Vec<usize>, call: usize| {
+        let ret = call + 1;
+        next[prev[ret]] = ret;
+        if next[ret] != NIL {
+            prev[next[ret]] = ret;
+        }
+        next[prev[call]] = call;
+        prev[next[call]] = call;
+    };
+
+    let mut stats = Stats {
+        ops: n,
+        ..Stats::default()
+    };
+    let mut placed = Placed {
+        words: vec![0; n.div_ceil(64).max(1)],
+        low: 0,
+        high: None,
+    };
+    let mut cache: HashSet<(u32, Box<[u64]>, M::State)> = HashSet::new();
+    let mut stack: Vec<Frame<M::State>> = Vec::new();
+    let mut state = model.init();
+    let mut best: Option<Box<Failure<M::State>>> = None;
+    let mut entry = next[head];
+    while next[head] != NIL {
+        if entry.is_multiple_of(2) {
+            let rank = entry / 2;
+            let op = &history[by_call[rank]];
+            stats.steps += 1;
+            if let Some(after) = model.step(&state, &op.input, &op.output) {
+                let (low, high) = (placed.low, placed.high);
+                placed.insert(rank);
+                let (key_low, key_words) = placed.key();
+                if cache.insert((key_low, key_words, after.clone())) {
+                    stack.push(Frame {
+                        entry,
+                        state: std::mem::replace(&mut state, after),
+                        low,
+                        high,
+                    });
+                    lift(&mut next, &mut prev, entry);
+                    entry = next[head];
+                    continue;
+                }
+                placed.remove(rank, low, high);
+            }
+            entry = next[entry];
+        } else {
+            // The operation answering here cannot be placed next.
+            if best.as_ref().is_none_or(|b| stack.len() > b.linearized) {
+                let mut candidates = Vec::new();
+                let mut at = next[head];
+                while at != entry {
+                    if at.is_multiple_of(2) {
+                        candidates.push(by_call[at / 2]);
+                    }
+                    at = next[at];
+                }
+                best = Some(Box::new(Failure {
+                    linearized: stack.len(),
+                    total: n,
+                    blocked: by_call[entry / 2],
+                    tail: stack[stack.len().saturating_sub(TAIL)..]
+                        .iter()
+                        .map(|f| by_call[f.entry / 2])
+                        .collect(),
+                    candidates,
+                    state: state.clone(),
+                    stats,
+                }));
+            }
+            let Some(frame) = stack.pop() else {
+                let mut failure = best.expect("a failure was recorded");
+                failure.stats = Stats {
+                    cached: cache.len(),
+                    ..stats
+                };
+                return Err(failure);
+            };
+            stats.backtracks += 1;
+            placed.remove(frame.entry / 2, frame.low, frame.high);
+            state = frame.state;
+            unlift(&mut next, &mut prev, frame.entry);
+            entry = next[frame.entry];
+        }
+    }
+    stats.cached = cache.len();
+    Ok(stats)
+}
+
+/// A readable account of a failure: the operations around the point where
+/// the search got stuck, what each answered and what the model expected.
+pub fn explain<M: Model>(
+    model: &M,
+    history: &[Operation<M::Input, M::Output>],
+    failure: &Failure<M::State>,
+) -> String {
+    let mut out = String::new();
+    let show = |out: &mut String, i: usize| {
+        let op = &history[i];
+        let _ = writeln!(
+            out,
+            "  #{i} client {} [{}, {}] {:?}\n      answered {:?}",
+            op.client, op.call, op.ret, op.input, op.output
+        );
+    };
+    let _ = writeln!(
+        out,
+        "not linearizable: at most {} of {} operations linearized ({} steps, {} backtracks, {} configurations)",
+        failure.linearized,
+        failure.total,
+        failure.stats.steps,
+        failure.stats.backtracks,
+        failure.stats.cached
+    );
+    let _ = writeln!(out, "the end of the longest linearizable prefix:");
+    for &i in &failure.tail {
+        show(&mut out, i);
+    }
+    let _ = writeln!(out, "the model state after it:\n  {:?}", failure.state);
+    let _ = writeln!(
+        out,
+        "the operation that could not be placed (it answered before any candidate below could go next):"
+    );
+    show(&mut out, failure.blocked);
+    let _ = writeln!(
+        out,
+        "candidates to go next, and what the model answers to each:"
+    );
+    for &i in &failure.candidates {
+        show(&mut out, i);
+        let op = &history[i];
+        let expected = model.expected(&failure.state, &op.input, &op.output);
+        let _ = writeln!(out, "      model:   {expected}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read/write register of small integers.
+    struct Register;
+
+    #[derive(Debug, Clone, Copy)]
+    enum RegIn {
+        Write(u32),
+        Read,
+    }
+
+    impl Model for Register {
+        type State = u32;
+        type Input = RegIn;
+        type Output = u32;
+
+        fn init(&self) -> u32 {
+            0
+        }
+
+        fn step(&self, state: &u32, input: &RegIn, output: &u32) -> Option<u32> {
+            match input {
+                RegIn::Write(v) => Some(*v),
+                RegIn::Read => (output == state).then_some(*state),
+            }
+        }
+
+        fn expected(&self, state: &u32, input: &RegIn, _: &u32) -> String {
+            match input {
+                RegIn::Write(_) => "ok".into(),
+                RegIn::Read => state.to_string(),
+            }
+        }
+    }
+
+    fn op(client: usize, input: RegIn, output: u32, call: u64, ret: u64) -> Operation<RegIn, u32> {
+        Operation {
+            client,
+            input,
+            call,
+            output,
+            ret,
+        }
+    }
+
+    #[test]
+    fn an_empty_history_is_linearizable() {
+        assert_eq!(check(&Register, &[]).unwrap().ops, 0);
+    }
+
+    #[test]
+    fn a_sequential_history_that_follows_the_model_is_accepted() {
+        let history = [
+            op(0, RegIn::Write(1), 0, 0, 1),
+            op(1, RegIn::Read, 1, 2, 3),
+            op(0, RegIn::Write(2), 0, 4, 5),
+            op(1, RegIn::Read, 2, 6, 7),
+        ];
+        check(&Register, &history).unwrap();
+    }
+
+    #[test]
+    fn a_read_of_an_overwritten_value_after_the_write_completed_is_rejected() {
+        let history = [op(0, RegIn::Write(1), 0, 0, 1), op(1, RegIn::Read, 0, 2, 3)];
+        let failure = check(&Register, &history).unwrap_err();
+        assert_eq!(failure.linearized, 1, "the write, and nothing after it");
+        assert_eq!(failure.blocked, 1, "the stale read");
+        assert_eq!(failure.candidates, [1]);
+        assert_eq!(failure.state, 1);
+        let text = explain(&Register, &history, &failure);
+        assert!(text.contains("at most 1 of 2"), "{text}");
+        assert!(text.contains("model:   1"), "{text}");
+    }
+
+    #[test]
+    fn overlapping_operations_may_take_effect_in_any_order_that_fits() {
+        // The write overlaps both reads: the first read sees the old
+        // value, the second the new one. Linearizable: read, write, read.
+        let history = [
+            op(0, RegIn::Write(1), 0, 0, 10),
+            op(1, RegIn::Read, 0, 1, 2),
+            op(2, RegIn::Read, 1, 3, 4),
+        ];
+        check(&Register, &history).unwrap();
+        // Even listed out of order, and with the write taking effect only
+        // after a read that started later.
+        let history = [
+            op(2, RegIn::Read, 1, 3, 4),
+            op(0, RegIn::Write(1), 0, 0, 10),
+            op(1, RegIn::Read, 0, 1, 9),
+        ];
+        check(&Register, &history).unwrap();
+    }
+
+    #[test]
+    fn a_new_value_then_the_old_one_is_rejected_even_when_overlapping_the_write() {
+        // The first read (complete before the second began) saw the new
+        // value, the second the old one: no order fits.
+        let history = [
+            op(0, RegIn::Write(1), 0, 0, 10),
+            op(1, RegIn::Read, 1, 1, 2),
+            op(2, RegIn::Read, 0, 3, 4),
+        ];
+        let failure = check(&Register, &history).unwrap_err();
+        assert_eq!(failure.blocked, 2, "the read of the old value");
+        assert!(failure.linearized >= 1);
+    }
+
+    #[test]
+    fn memoization_makes_wide_histories_cheap() {
+        // 8 clients each write the same value 300 times; the 8 writes of a
+        // round overlap. A last read of a value nobody wrote makes the
+        // history fail, which forces the whole space to be searched: 8!
+        // orders per round, nested over 300 rounds, without the cache; with
+        // it, each subset of a round once (300 * 2^8 configurations).
+        let mut history = Vec::new();
+        for round in 0..300u64 {
+            for client in 0..8u64 {
+                let call = round * 100 + client;
+                history.push(op(client as usize, RegIn::Write(7), 0, call, call + 50));
+            }
+        }
+        let stats = check(&Register, &history).unwrap();
+        assert_eq!(stats.ops, 2400);
+        history.push(op(99, RegIn::Read, 8, 40_000, 40_001));
+        let failure = check(&Register, &history).unwrap_err();
+        assert_eq!(failure.blocked, 2400);
+        assert_eq!(failure.linearized, 2400);
+        assert!(
+            failure.stats.cached <= 300 * 256 + 1,
+            "configurations explored: {}",
+            failure.stats.cached
+        );
+    }
+
+    #[test]
+    fn the_search_backtracks_out_of_a_wrong_early_choice() {
+        // Both writes overlap; the reads after them force write 2 to go
+        // first, then write 1, although write 1 was called first.
+        let history = [
+            op(0, RegIn::Write(1), 0, 0, 10),
+            op(1, RegIn::Write(2), 0, 1, 11),
+            op(2, RegIn::Read, 2, 2, 3),
+            op(2, RegIn::Read, 1, 12, 13),
+        ];
+        let stats = check(&Register, &history).unwrap();
+        assert!(stats.backtracks >= 1, "{stats:?}");
+    }
+}
