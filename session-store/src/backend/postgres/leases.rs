@@ -40,10 +40,14 @@ macro_rules! select_leases {
 }
 
 const SHARE_LEASE: &str = select_leases!("WHERE partition = $1 FOR KEY SHARE");
-/// A take: waits for the writes of the tenures it ends.
+/// A take or a release: waits for the writes of the tenures it ends (a
+/// write holds its lease row `FOR KEY SHARE` from its token check to its
+/// commit, which only `FOR UPDATE` waits for). A release that did not
+/// wait could answer before a write of its tenure commits, and a reader
+/// who heard of the release would miss that write, then see it.
 pub(super) const LOCK_FOR_TAKE: &str =
     select_leases!("WHERE partition = ANY($1) ORDER BY partition FOR UPDATE");
-/// A renewal or a release: same epoch, so no need to wait for writes.
+/// A renewal: same owner and epoch, so no need to wait for writes.
 pub(super) const LOCK_FOR_RENEW: &str =
     select_leases!("WHERE partition = ANY($1) ORDER BY partition FOR NO KEY UPDATE");
 const LIST_LEASES: &str = select_leases!("ORDER BY partition");

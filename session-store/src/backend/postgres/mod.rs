@@ -622,7 +622,7 @@ impl SessionStore for PostgresStore {
         let mut client = self.urgent_client().await?;
         let tx = begin(&mut client, false).await?;
         let mut next = tokens.iter();
-        let grant = leases::apply(&tx, leases::LOCK_FOR_RENEW, &partitions, |lease, now| {
+        let grant = leases::apply(&tx, leases::LOCK_FOR_TAKE, &partitions, |lease, now| {
             let token = next.next().expect("one token per locked row");
             ownership::release(lease, token, now)
         })
