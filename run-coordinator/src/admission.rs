@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::coordinator::{Inner, State, spec_of};
+use crate::coordinator::{Inner, State};
 use crate::error::{CoordinatorError, CoordinatorResult};
 use crate::model::*;
 use crate::run::Run;
@@ -247,11 +247,7 @@ impl Inner {
             // Known to the store but not to this instance's memory: an
             // evicted or pre-restart run. The record answers.
             let record = created.record;
-            let known = Arc::new(Run::from_record(
-                &record,
-                spec_of(&record),
-                record.owner.clone(),
-            ));
+            let known = self.rebuilt(&record);
             if created.fingerprint_mismatch {
                 return Err(CoordinatorError::KeyReused {
                     existing: Box::new(self.snapshot(&known)),

@@ -324,12 +324,21 @@ impl Inner {
             return Ok(None);
         }
         let record = self.store.get_run(run_id).await?;
-        Ok(record.map(|record| {
-            Arc::new(Run::from_record(
-                &record,
-                spec_of(&record),
-                record.owner.clone(),
-            ))
-        }))
+        Ok(record.map(|record| self.rebuilt(&record)))
+    }
+
+    /// A run rebuilt from its durable record. A terminal one's published
+    /// snapshot (what Wait and a retried Submit answer) carries the last seq
+    /// of its event log while the log is kept, as `Get`'s snapshot does.
+    pub(crate) fn rebuilt(&self, record: &RunRecord) -> Arc<Run> {
+        let run = Arc::new(Run::from_record(
+            record,
+            spec_of(record),
+            record.owner.clone(),
+        ));
+        if run.terminal_snapshot().is_some() {
+            run.publish_terminal(run.snapshot(0, self.hub.last_seq(&run.id)));
+        }
+        run
     }
 }

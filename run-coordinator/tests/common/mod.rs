@@ -425,3 +425,177 @@ pub async fn append_with_fence_of(
         })
         .await
 }
+
+/// A coordinator in this process over the in-memory store: no socket and no
+/// blocking thread, so paused tokio time drives all of it (a test with
+/// `start_paused` sees every timer of the coordinator and its runtime in
+/// virtual time). The store counts what it serves.
+pub struct Local {
+    pub coordinator: Coordinator,
+    registry: prometheus_client::registry::Registry,
+}
+
+impl Local {
+    pub async fn start(runtime: Arc<dyn AgentRuntime>, config: CoordinatorConfig) -> Self {
+        let store_metrics = session_store::metrics::StoreMetrics::default();
+        let store = session_store::metrics::Metered::new(
+            session_store::backend::memory::MemoryStore::new(),
+            store_metrics.clone(),
+        );
+        let coordinator = Coordinator::start(Arc::new(store), runtime, config)
+            .await
+            .unwrap();
+        let mut registry = prometheus_client::registry::Registry::default();
+        store_metrics.register(&mut registry);
+        Self {
+            coordinator,
+            registry,
+        }
+    }
+
+    /// Calls of `operation` (its metric label, e.g. `get_run`) the store
+    /// has served so far, answered or refused.
+    pub fn served(&self, operation: &str) -> u64 {
+        let text = clawgate_telemetry::metrics::encode(&self.registry).unwrap();
+        ["ok", "error"]
+            .iter()
+            .map(|outcome| {
+                let labels = format!("{{operation=\"{operation}\",outcome=\"{outcome}\"}}");
+                clawgate_telemetry::metrics::sample_value(
+                    &text,
+                    "clawgate_store_operation_duration_seconds_count",
+                    &labels,
+                )
+                .unwrap_or(0.0) as u64
+            })
+            .sum()
+    }
+
+    pub async fn submit(
+        &self,
+        run_id: &str,
+        session: &str,
+        message: &str,
+    ) -> run_coordinator::model::Submitted {
+        self.submit_with(run_id, session, message, serde_json::json!({}))
+            .await
+    }
+
+    pub async fn submit_with(
+        &self,
+        run_id: &str,
+        session: &str,
+        message: &str,
+        options: serde_json::Value,
+    ) -> run_coordinator::model::Submitted {
+        self.coordinator
+            .submit(local_req(run_id, session, message, options))
+            .await
+            .unwrap_or_else(|e| panic!("submit {run_id}: {e}"))
+    }
+
+    pub async fn get(&self, run_id: &str) -> Option<run_coordinator::model::RunSnapshot> {
+        self.coordinator.get(run_id).await.unwrap()
+    }
+
+    /// The run's terminal snapshot (a day of virtual time at most).
+    pub async fn finished(&self, run_id: &str) -> run_coordinator::model::RunSnapshot {
+        let waited = self
+            .coordinator
+            .wait(run_id, Duration::from_secs(86_400))
+            .await
+            .unwrap();
+        assert!(waited.terminal, "{run_id} did not finish: {waited:?}");
+        waited.snapshot.unwrap()
+    }
+
+    /// Polls the run's snapshot until `check` holds (a virtual minute at
+    /// most, naming `what`).
+    pub async fn until(
+        &self,
+        run_id: &str,
+        what: &str,
+        check: impl Fn(&run_coordinator::model::RunSnapshot) -> bool,
+    ) -> run_coordinator::model::RunSnapshot {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let snapshot = self.get(run_id).await;
+            if let Some(snapshot) = snapshot.as_ref().filter(|s| check(s)) {
+                return snapshot.clone();
+            }
+            assert!(Instant::now() < deadline, "{run_id}: {what}: {snapshot:?}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+pub fn local_req(
+    run_id: &str,
+    session: &str,
+    message: &str,
+    options: serde_json::Value,
+) -> run_coordinator::model::SubmitRequest {
+    run_coordinator::model::SubmitRequest {
+        run_id: run_id.into(),
+        session_key: session_store::SessionKey::parse(session).unwrap(),
+        spec: run_coordinator::model::RunSpec {
+            kind: "agent".into(),
+            message: message.into(),
+            queue_mode: run_coordinator::model::QueueMode::Enqueue,
+            timeout_ms: None,
+            options,
+            requester: String::new(),
+            label: None,
+            attachments: Vec::new(),
+        },
+        expected_settings: None,
+    }
+}
+
+/// Echo for most runs; a run whose options say `hold` streams one delta,
+/// then holds until `release` fires (or it is cancelled) and finishes.
+pub struct Holding {
+    pub echo: Arc<Recording>,
+    pub release: CancellationToken,
+}
+
+impl Holding {
+    pub fn over(echo: Arc<Recording>) -> Arc<Self> {
+        Arc::new(Self {
+            echo,
+            release: CancellationToken::new(),
+        })
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for Holding {
+    fn name(&self) -> &'static str {
+        "holding"
+    }
+
+    async fn execute(
+        &self,
+        request: RuntimeRequest,
+        cancel: CancellationToken,
+    ) -> Result<RuntimeStream, RuntimeError> {
+        if request.options["hold"] != true {
+            return self.echo.execute(request, cancel).await;
+        }
+        let release = self.release.clone();
+        let finish = async move {
+            tokio::select! {
+                () = release.cancelled() => Some(Ok(run_coordinator::runtime::RuntimeEvent::Finished {
+                    stop_reason: "stop".into(),
+                })),
+                () = cancel.cancelled() => None,
+            }
+        };
+        let delta = futures::stream::iter([Ok(
+            run_coordinator::runtime::RuntimeEvent::AssistantDelta("partial".into()),
+        )]);
+        Ok(delta
+            .chain(futures::stream::once(finish).filter_map(std::future::ready))
+            .boxed())
+    }
+}
