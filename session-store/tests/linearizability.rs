@@ -108,33 +108,8 @@ fn config() -> Config {
     }
 }
 
-/// SplitMix64: small, seeded, good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> Option<T> {
-        match items.len() {
-            0 => None,
-            n => Some(items[self.below(n as u64) as usize]),
-        }
-    }
-}
+/// SplitMix64 from the test kit: small, seeded, good enough to pick operations.
+use clawgate_system_tests::rng::SplitMix as Rng;
 
 /// The session keys: `PARTITIONS` partitions with `SESSIONS_PER_PARTITION`
 /// keys each. Session `g` is `s = g % SESSIONS_PER_PARTITION` of partition

@@ -11,6 +11,7 @@ pub mod balancer;
 pub mod client;
 pub mod cluster;
 pub mod contract;
+pub mod fault_proxy;
 pub mod ha;
 pub mod kube;
 pub mod local;
@@ -18,7 +19,9 @@ pub mod process;
 pub mod proto_fuzz;
 pub mod receiver;
 pub mod reflection;
+pub mod rng;
 pub mod runtime;
+pub mod transcript;
 
 pub use client::EdgeClient;
 pub use cluster::{Cluster, ClusterBuilder, Role};

@@ -221,6 +221,11 @@ impl Process {
         assert!(sent.success(), "kill -{signal} {} failed", self.name);
     }
 
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Waits for the process to exit by itself, and for its last output;
     /// panics with its output after `timeout`.
     pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {

@@ -30,6 +30,7 @@ use clawgate_system_tests::ha::{
 };
 use clawgate_system_tests::process::Process;
 use clawgate_system_tests::runtime::CountingRuntime;
+use clawgate_system_tests::transcript::{check_send_order, run_blocks};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -272,48 +273,10 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
             }
         }
         // The transcript: each run's turns together, once, in send order.
-        let history = store_client
-            .history(store_pb::HistoryRequest {
-                session_key: format!("ha-{session}"),
-                limit: 1000,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
-        for entry in &history.entries {
-            match blocks.last_mut() {
-                Some((run, roles)) if *run == entry.run_id => roles.push(entry.role.clone()),
-                _ => blocks.push((entry.run_id.clone(), vec![entry.role.clone()])),
-            }
-        }
-        let order: Vec<&str> = blocks.iter().map(|(r, _)| r.as_str()).collect();
+        let blocks = run_blocks(&mut store_client, &format!("ha-{session}")).await;
         let sent: Vec<&str> = acknowledged.iter().map(|(r, ..)| r.as_str()).collect();
-        let mut unique = order.clone();
-        unique.dedup();
-        assert_eq!(
-            unique.len(),
-            order.len(),
-            "a run's turns are split: {order:?}"
-        );
-        assert!(
-            order.iter().all(|r| sent.contains(r)),
-            "a turn of a run nobody sent: {order:?}"
-        );
-        let positions: Vec<usize> = order
-            .iter()
-            .map(|r| sent.iter().position(|s| s == r).unwrap())
-            .collect();
-        assert!(
-            positions.windows(2).all(|w| w[0] < w[1]),
-            "turns out of send order: {order:?}"
-        );
-        for (run, roles) in &blocks {
-            assert!(
-                roles == &["user", "assistant"] || roles == &["user"],
-                "{run}: turns {roles:?}"
-            );
+        if let Err(e) = check_send_order(&blocks, &sent) {
+            panic!("ha-{session}: {e}");
         }
     }
     let total: usize = runs.values().map(Vec::len).sum();

@@ -1,0 +1,85 @@
+//! A session's transcript as runs, and the check every multi-process test
+//! makes of it after faults: each run's turns together, once, in the order
+//! the client sent the runs, and only runs somebody sent.
+
+use clawgate_proto::session_store::v1 as store_pb;
+use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
+use tonic::transport::Channel;
+
+/// Consecutive turns of one run: the run and its roles in order.
+pub type RunBlock = (String, Vec<String>);
+
+/// `session`'s transcript (its first 1,000 entries), run by run.
+pub async fn run_blocks(store: &mut SessionStoreClient<Channel>, session: &str) -> Vec<RunBlock> {
+    let history = store
+        .history(store_pb::HistoryRequest {
+            session_key: session.to_owned(),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("the store answers History")
+        .into_inner();
+    let mut blocks: Vec<RunBlock> = Vec::new();
+    for entry in &history.entries {
+        match blocks.last_mut() {
+            Some((run, roles)) if *run == entry.run_id => roles.push(entry.role.clone()),
+            _ => blocks.push((entry.run_id.clone(), vec![entry.role.clone()])),
+        }
+    }
+    blocks
+}
+
+/// Checks that `blocks` hold only runs of `sent`, each once (its turns not
+/// split or repeated), in `sent`'s order, each a user turn and at most one
+/// assistant turn.
+pub fn check_send_order(blocks: &[RunBlock], sent: &[&str]) -> Result<(), String> {
+    let order: Vec<&str> = blocks.iter().map(|(run, _)| run.as_str()).collect();
+    let mut last = None;
+    for run in &order {
+        let Some(position) = sent.iter().position(|s| s == run) else {
+            return Err(format!("a turn of a run nobody sent ({run}): {order:?}"));
+        };
+        if last.is_some_and(|last| position <= last) {
+            return Err(format!(
+                "turns split, repeated or out of send order: {order:?}"
+            ));
+        }
+        last = Some(position);
+    }
+    match blocks
+        .iter()
+        .find(|(_, roles)| roles != &["user", "assistant"] && roles != &["user"])
+    {
+        Some((run, roles)) => Err(format!("{run}: turns {roles:?}")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(run: &str, roles: &[&str]) -> RunBlock {
+        (run.into(), roles.iter().map(|r| r.to_string()).collect())
+    }
+
+    #[test]
+    fn the_check_refuses_what_it_names() {
+        let sent = ["a", "b", "c"];
+        let good = [block("a", &["user", "assistant"]), block("c", &["user"])];
+        assert!(check_send_order(&good, &sent).is_ok());
+        let split = [
+            block("a", &["user"]),
+            block("b", &["user"]),
+            block("a", &["assistant"]),
+        ];
+        assert!(check_send_order(&split, &sent).is_err());
+        let reordered = [block("b", &["user"]), block("a", &["user"])];
+        assert!(check_send_order(&reordered, &sent).is_err());
+        let stranger = [block("x", &["user"])];
+        assert!(check_send_order(&stranger, &sent).is_err());
+        let doubled = [block("a", &["user", "assistant", "assistant"])];
+        assert!(check_send_order(&doubled, &sent).is_err());
+    }
+}
