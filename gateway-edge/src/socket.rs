@@ -127,14 +127,15 @@ async fn feed_text(socket: &mut Socket, text: String, frame_bytes: usize) -> Res
     Ok(())
 }
 
-/// The text of a data frame (binary is accepted as UTF-8) with the frame's
-/// size in bytes, or why there is none.
+/// The text of a data frame (binary is read as UTF-8; binary that is not
+/// is empty text, so it is ignored like any frame that is not JSON) with
+/// the frame's size in bytes, or why there is none.
 enum Incoming {
     Text(String, usize),
     /// A frame over the socket's size limit (`policy.maxPayload`).
     TooLarge,
-    /// A text (or binary) message that is not UTF-8: closed 1007, as
-    /// RFC 6455 has it.
+    /// A text message that is not UTF-8: closed 1007, as RFC 6455 (and the
+    /// OpenClaw gateway's WebSocket library) has it.
     NotUtf8,
     Closed,
     Ignore,
@@ -143,10 +144,10 @@ enum Incoming {
 fn incoming(message: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) -> Incoming {
     match message {
         Some(Ok(Message::Text(text))) => Incoming::Text(text.to_string(), text.len()),
-        Some(Ok(Message::Binary(bytes))) => match String::from_utf8(bytes.to_vec()) {
-            Ok(text) => Incoming::Text(text, bytes.len()),
-            Err(_) => Incoming::NotUtf8,
-        },
+        Some(Ok(Message::Binary(bytes))) => Incoming::Text(
+            String::from_utf8(bytes.to_vec()).unwrap_or_default(),
+            bytes.len(),
+        ),
         Some(Err(tokio_tungstenite::tungstenite::Error::Utf8(_))) => Incoming::NotUtf8,
         Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => Incoming::TooLarge,
         Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Incoming::Closed,

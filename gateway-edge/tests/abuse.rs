@@ -139,7 +139,7 @@ async fn a_frame_nested_too_deep_is_an_invalid_request_frame() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_that_is_not_utf8_closes_with_1007() {
+async fn a_text_message_that_is_not_utf8_closes_with_1007() {
     let system = System::start().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut bystander = Client::connect(&url, &[WRITE]).await;
@@ -155,26 +155,22 @@ async fn a_message_that_is_not_utf8_closes_with_1007() {
         (1007, "invalid UTF-8".to_owned())
     );
 
-    // Binary frames are read as UTF-8 text: the same.
-    let mut binary = Client::connect(&url, &[WRITE]).await;
-    binary
-        .ws
-        .send(Message::binary(not_utf8.clone()))
-        .await
-        .unwrap();
-    assert_eq!(
-        binary.until_closed().await,
-        (1007, "invalid UTF-8".to_owned())
-    );
-
     // Before `connect` too.
     let mut preauth = Client::open(&url).await;
     preauth.next_frame().await.expect("challenge");
-    preauth.ws.send(Message::binary(not_utf8)).await.unwrap();
+    let frame = Frame::message(not_utf8.clone(), OpCode::Data(Data::Text), true);
+    preauth.ws.send(Message::Frame(frame)).await.unwrap();
     assert_eq!(
         preauth.until_closed().await,
         (1007, "invalid UTF-8".to_owned())
     );
+
+    // A binary frame is data, not text: one that is not UTF-8 is no JSON
+    // and ignored, as the protocol ignores any such frame after `connect`.
+    let mut binary = Client::connect(&url, &[WRITE]).await;
+    binary.ws.send(Message::binary(not_utf8)).await.unwrap();
+    let health = binary.request("health", json!({})).await;
+    assert_eq!(health["ok"], true, "{health}");
     still_served(&mut bystander).await;
     system.stop.cancel();
 }
