@@ -670,26 +670,35 @@ async fn the_checks_run_in_the_protocols_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_handshake_is_closed_1000_after_the_timeout() {
-    let (system, url) = start(|c| c.handshake_timeout = Duration::from_millis(200)).await;
+    let timeout = Duration::from_millis(200);
+    let (system, url) = start(|c| c.handshake_timeout = timeout).await;
     let started = Instant::now();
     let (mut ws, _) = open(&url).await;
     let ending = until_close(&mut ws).await;
     assert_closed_silently(&ending, 1000, "");
-    let elapsed = started.elapsed();
-    assert!(
-        elapsed >= Duration::from_millis(150) && elapsed < Duration::from_secs(3),
-        "{elapsed:?}"
-    );
-    // Pings do not extend the deadline.
-    let started = Instant::now();
-    let (mut ws, _) = open(&url).await;
-    for _ in 0..4 {
-        ws.send(Message::Ping(vec![1].into())).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
-    }
-    let ending = until_close(&mut ws).await;
-    assert_closed_silently(&ending, 1000, "");
-    assert!(started.elapsed() < Duration::from_secs(3));
+    // Not before the timeout (a lower bound the edge controls; how much
+    // later depends on the machine, and `until_close` has the deadline).
+    assert!(started.elapsed() >= timeout, "{:?}", started.elapsed());
+    // Pings do not extend the deadline: with one every 60 ms for as long
+    // as the socket is open, a deadline they extended would never come.
+    let (ws, _) = open(&url).await;
+    let (mut sink, mut stream) = ws.split();
+    let pinging = tokio::spawn(async move {
+        while sink.send(Message::Ping(vec![1].into())).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+    });
+    let deadline = Instant::now() + WAIT;
+    let close = loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => panic!("pings kept the handshake open"),
+            Ok(Some(Ok(Message::Close(frame)))) => break frame.map(|f| u16::from(f.code)),
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(_)) | None) => break None,
+        }
+    };
+    assert_eq!(close, Some(1000));
+    pinging.abort();
     system.stop.cancel();
 }
 
@@ -745,13 +754,14 @@ async fn a_first_frame_declaring_more_than_the_limit_is_refused_at_once() {
     let started = Instant::now();
     let ending = until_close(&mut ws).await;
     assert!(ending.frames.is_empty(), "{ending:?}");
+    // 1009 from the header, not the handshake timeout's 1000 ten seconds
+    // on: refused at once.
     assert_eq!(
         ending.close.0,
         1009,
         "{ending:?} after {:?}",
         started.elapsed()
     );
-    assert!(started.elapsed() < Duration::from_secs(3));
     system.stop.cancel();
 }
 
