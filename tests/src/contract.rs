@@ -20,6 +20,12 @@ use crate::receiver::{ExportedSpan, SpanKind, Spans};
 
 pub const SUBMIT: &str = "clawgate.run_coordinator.v1.RunCoordinator/Submit";
 pub const CREATE_RUN: &str = "clawgate.session_store.v1.SessionStore/CreateRun";
+pub const START_RUN: &str = "clawgate.session_store.v1.SessionStore/StartRun";
+pub const FINISH_RUN: &str = "clawgate.session_store.v1.SessionStore/FinishRun";
+/// The store writes of one run: admission, start (running, the writer
+/// fence and the user turn) and finish (the answer, the terminal status,
+/// the release).
+pub const RUN_WRITES: [&str; 3] = [CREATE_RUN, START_RUN, FINISH_RUN];
 pub const WAIT: &str = "clawgate.run_coordinator.v1.RunCoordinator/Wait";
 pub const CANCEL: &str = "clawgate.run_coordinator.v1.RunCoordinator/Cancel";
 pub const SUBSCRIBE: &str = "clawgate.run_coordinator.v1.RunCoordinator/Subscribe";
@@ -126,11 +132,25 @@ pub fn chat_run_trace(spans: &Spans, run: ChatRun) -> Result<Spans, String> {
         || "no session-store SERVER span carries run.id".to_owned(),
     )?;
 
+    // Every store write of the run is in this one trace, and none is
+    // anywhere else.
+    let writes_elsewhere: Vec<String> = spans
+        .of_service(Role::Store.service_name())
+        .of_kind(SpanKind::Server)
+        .with_attribute("run.id", run.run_id)
+        .iter()
+        .filter(|s| s.trace_id() != trace_id)
+        .map(|s| s.name().to_owned())
+        .collect();
+    ensure(writes_elsewhere.is_empty(), || {
+        format!("store calls of the run outside its trace: {writes_elsewhere:?}")
+    })?;
+
     grpc_hops(&trace)?;
-    for (method, caller, callee) in [
-        (SUBMIT, Role::Edge, Role::Coordinator),
-        (CREATE_RUN, Role::Coordinator, Role::Store),
-    ] {
+    let hops = [(SUBMIT, Role::Edge, Role::Coordinator)]
+        .into_iter()
+        .chain(RUN_WRITES.map(|write| (write, Role::Coordinator, Role::Store)));
+    for (method, caller, callee) in hops {
         let hop = trace.named(method);
         for (role, kind) in [(caller, SpanKind::Client), (callee, SpanKind::Server)] {
             ensure(
@@ -291,7 +311,8 @@ mod tests {
     }
 
     /// A chat run's trace as the contract wants it: chat.send → Submit →
-    /// run.admit → CreateRun, and run.execute under run.admit.
+    /// run.admit → CreateRun, and run.execute under run.admit with the
+    /// run's StartRun and FinishRun.
     fn conforming() -> Vec<ExportedSpan> {
         use Role::{Coordinator, Edge, Store};
         use SpanKind::{Client, Internal, Server};
@@ -342,6 +363,34 @@ mod tests {
                 &rpc(CREATE_RUN, &[("run.id", RUN)]),
             ),
             execute,
+            span(
+                Coordinator,
+                START_RUN,
+                Client,
+                (9, Some(7)),
+                &rpc(START_RUN, &[]),
+            ),
+            span(
+                Store,
+                START_RUN,
+                Server,
+                (10, Some(9)),
+                &rpc(START_RUN, &[("run.id", RUN)]),
+            ),
+            span(
+                Coordinator,
+                FINISH_RUN,
+                Client,
+                (11, Some(7)),
+                &rpc(FINISH_RUN, &[]),
+            ),
+            span(
+                Store,
+                FINISH_RUN,
+                Server,
+                (12, Some(11)),
+                &rpc(FINISH_RUN, &[("run.id", RUN)]),
+            ),
         ]
     }
 
@@ -372,13 +421,26 @@ mod tests {
         let spans: Spans = conforming().into_iter().collect();
         let trace =
             chat_run_trace(&spans, RUN_OK).unwrap_or_else(|why| panic!("{why}\n{}", spans.dump()));
-        assert_eq!(trace.len(), 7);
+        assert_eq!(trace.len(), 11);
     }
 
     #[test]
     fn each_breach_is_named() {
         type Breach = fn(&mut Vec<ExportedSpan>);
-        let breaches: [(Breach, &str); 8] = [
+        let breaches: [(Breach, &str); 10] = [
+            (
+                |s| s.retain(|s| ![vec![11; 8], vec![12; 8]].contains(&s.span.span_id)),
+                "no Client span clawgate.session_store.v1.SessionStore/FinishRun",
+            ),
+            (
+                |s| {
+                    // The finish written under another trace.
+                    let finish = with_id(s, 12);
+                    finish.span.trace_id = vec![0xcd; 16];
+                    finish.span.parent_span_id.clear();
+                },
+                "store calls of the run outside its trace",
+            ),
             (
                 |s| s.retain(|s| s.span.span_id != vec![2; 8]),
                 "the parents of",
@@ -392,7 +454,11 @@ mod tests {
                 "rpc.response.status_code",
             ),
             (
-                |s| set(s, 6, "run.id", None),
+                |s| {
+                    for id in [6, 10, 12] {
+                        set(s, id, "run.id", None);
+                    }
+                },
                 "no session-store SERVER span carries run.id",
             ),
             (
