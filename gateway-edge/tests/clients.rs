@@ -531,3 +531,81 @@ async fn attachments_reach_the_runtime_and_the_transcript() {
     );
     system.stop.cancel();
 }
+
+/// Tool events (`agent` stream `tool`) go only to connections that asked
+/// for them with the `tool-events` cap; every reader gets the rest of the
+/// run, in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_events_reach_only_connections_with_the_tool_events_cap() {
+    let system = System::start().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut params = connect_params(&[WRITE]);
+    params["caps"] = json!(["tool-events"]);
+    let (mut capped, res) = connect_with(&url, params).await;
+    assert_eq!(res["ok"], true, "{res}");
+    let mut plain = Client::connect(&url, &[READ]).await;
+    let sent = capped
+        .request(
+            "chat.send",
+            json!({ "sessionKey": "tools", "message": "TOOL please", "idempotencyKey": "tool-1" }),
+        )
+        .await;
+    assert_eq!(sent["ok"], true, "{sent}");
+    let is_final = |f: &Value| {
+        f["event"] == "chat"
+            && f["payload"]["runId"] == "tool-1"
+            && f["payload"]["state"] == "final"
+    };
+    capped.event(is_final).await;
+    plain.event(is_final).await;
+    let tool_phases = |client: &Client| -> Vec<String> {
+        client
+            .received
+            .iter()
+            .filter(|f| f["event"] == "agent" && f["payload"]["stream"] == "tool")
+            .map(|f| {
+                f["payload"]["data"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let phases = tool_phases(&capped);
+    assert_eq!(
+        phases.first().map(String::as_str),
+        Some("start"),
+        "{phases:?}"
+    );
+    assert_eq!(
+        phases.last().map(String::as_str),
+        Some("result"),
+        "{phases:?}"
+    );
+    assert!(tool_phases(&plain).is_empty(), "{:?}", tool_phases(&plain));
+    // Both saw the same run otherwise: its other events, in order.
+    let others = |client: &Client| -> Vec<(String, String)> {
+        client
+            .received
+            .iter()
+            .filter(|f| {
+                f["type"] == "event"
+                    && f["payload"]["runId"] == "tool-1"
+                    && f["payload"]["stream"] != "tool"
+            })
+            .map(|f| {
+                let kind = &f["payload"];
+                (
+                    f["event"].as_str().unwrap_or_default().to_owned(),
+                    kind["state"]
+                        .as_str()
+                        .or(kind["stream"].as_str())
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(others(&capped), others(&plain));
+    system.stop.cancel();
+}

@@ -194,6 +194,7 @@ async fn replay(file: &str) {
                 })
                 .await;
         }
+        common::events::compare_run_events(file, &records, &client.received);
         // Broadcast events carry a per-connection seq from 1, without gaps here.
         let seqs: Vec<u64> = client
             .received
@@ -420,16 +421,7 @@ fn contract(method: &str) -> Option<&'static [&'static str]> {
     })
 }
 
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
+use common::events::json_type;
 
 /// Recorded values → ours, for the values a gateway chooses and clients
 /// send back.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod captures;
+pub mod events;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 pub const TOKEN: &str = "testtoken";
 
 /// Like the stub model of the captures: messages with `SLOW` stream 20
-/// pieces slowly, others answer at once; the text is the message echoed.
+/// pieces slowly, with `TOOL` call a tool first, others answer at once;
+/// the text is the message echoed.
 pub struct StubRuntime {
     echo: EchoRuntime,
 }
@@ -46,6 +48,8 @@ impl AgentRuntime for StubRuntime {
             json!({ "chunks": 20, "paceMs": 300 })
         } else if request.message.contains("FLOOD") {
             json!({ "chunks": 50, "paceMs": 20 })
+        } else if request.message.contains("TOOL") {
+            json!({ "chunks": 2, "paceMs": 5, "toolCall": true })
         } else {
             json!({ "chunks": 2, "paceMs": 5 })
         };
