@@ -386,7 +386,8 @@ try {
     await waitRecord(chatEv(s.runId, 'delta'), { since: s.since, timeout: STREAM_MS, what: `first chat delta of run ${s.runId}` });
     const btn = stopButton();
     await btn.waitFor({ state: 'visible', timeout: STEP_MS });
-    await screenshot('before-stop');
+    // Clicked at once: a screenshot first can take seconds on a loaded
+    // machine, long enough for the run to end by itself.
     const since = idx();
     await btn.click();
     const { params, payload } = await waitReqRes('chat.abort', { since });
