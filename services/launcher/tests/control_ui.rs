@@ -130,7 +130,7 @@ async fn the_control_ui_connects_chats_stops_and_switches_sessions() {
     for shot in [
         "01-mid-stream.png",
         "03-after-reload.png",
-        "05-after-stop.png",
+        "04-after-stop.png",
     ] {
         assert!(artifacts.join(shot).is_file(), "no screenshot {shot}");
     }
