@@ -4,8 +4,9 @@
 //! edge's own parsing and validation, and panics when the edge panics or
 //! when its answer is not well-formed (see each function's oracle).
 //!
-//! - [`check_frame`]: a text frame through `frames::parse_request`, the
-//!   scope lookup and the answer/event encoders.
+//! - [`check_frame`]: a text frame through the nesting bound
+//!   (`json_depth`), `frames::parse_request`, the scope lookup and the
+//!   answer/event encoders.
 //! - [`check_connect`]: `connect` params through `handshake::parse_connect`
 //!   and what follows it without a network: `negotiate`, `check_role`,
 //!   `effective_scopes`, the device signature check and device tokens.
@@ -27,6 +28,7 @@ use crate::device::{DeviceProof, DeviceTokens, SignedContext, signed_token, veri
 use crate::edge::{Backends, Edge};
 use crate::frames::{self, ErrorShape, FrameError};
 use crate::handshake::{self, PROTOCOL_VERSION, Rejection};
+use crate::json_depth;
 use crate::methods::{self, SERVED_METHODS};
 use crate::scopes::{self, ADMIN, APPROVALS, KNOWN_SCOPES, QUESTIONS, READ, WRITE};
 
@@ -72,6 +74,28 @@ pub fn check_frame(data: &[u8]) {
         return;
     };
     let parsed = serde_json::from_str::<Value>(text);
+    // The nesting bound the dispatch applies first (`EDGE_MAX_JSON_DEPTH`)
+    // counts what the parser sees.
+    match &parsed {
+        Ok(_) => {
+            let depth = serde_json::from_str::<Depth>(text)
+                .expect("what parses as a value parses as a depth")
+                .0;
+            assert!(
+                !json_depth::nests_deeper_than(text, depth),
+                "depth {depth} overcounted"
+            );
+            if depth > 0 {
+                assert!(
+                    json_depth::nests_deeper_than(text, depth - 1),
+                    "depth {depth} undercounted"
+                );
+            }
+        }
+        Err(_) => {
+            json_depth::nests_deeper_than(text, 64);
+        }
+    }
     match frames::parse_request(text) {
         Err(FrameError::NotJson) => assert!(parsed.is_err(), "JSON refused as not JSON"),
         Err(FrameError::Invalid { id, reason }) => {
@@ -174,6 +198,67 @@ fn check_encoders(id: &str, method: &str, params: &Value) {
         !has_null_member(&cleaned),
         "without_nulls left a null member"
     );
+}
+
+/// How many arrays and objects a JSON text opens inside one another, as
+/// the parser reads it: duplicate keys included (a parsed `Value` keeps
+/// only the last of them, and with it maybe less nesting).
+struct Depth(u32);
+
+impl<'de> serde::Deserialize<'de> for Depth {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(DepthVisitor)
+    }
+}
+
+struct DepthVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DepthVisitor {
+    type Value = Depth;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Depth, E> {
+        Ok(Depth(0))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Depth, E> {
+        Ok(Depth(0))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Depth, E> {
+        Ok(Depth(0))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Depth, E> {
+        Ok(Depth(0))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Depth, E> {
+        Ok(Depth(0))
+    }
+
+    fn visit_unit<E>(self) -> Result<Depth, E> {
+        Ok(Depth(0))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Depth, A::Error> {
+        let mut deepest = 0;
+        while let Some(Depth(depth)) = seq.next_element()? {
+            deepest = deepest.max(depth);
+        }
+        Ok(Depth(deepest + 1))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Depth, A::Error> {
+        let mut deepest = 0;
+        while let Some((serde::de::IgnoredAny, Depth(depth))) = map.next_entry()? {
+            deepest = deepest.max(depth);
+        }
+        Ok(Depth(deepest + 1))
+    }
 }
 
 fn has_null_member(value: &Value) -> bool {
@@ -605,9 +690,13 @@ impl Harness {
     /// Dispatches `method` with `params`; the one answer frame.
     fn answer(&self, method: &str, profile_name: &str, params: &Value) -> Value {
         let (conn, mut reader) = self.conn(profile_name);
-        let id = "fuzz-1";
-        let frame =
-            json!({ "type": "req", "id": id, "method": method, "params": params }).to_string();
+        let frame = json!({ "type": "req", "id": "fuzz-1", "method": method, "params": params });
+        let frame = frame.to_string();
+        // Nested past EDGE_MAX_JSON_DEPTH: refused as a frame, before its id is read.
+        let id = match json_depth::nests_deeper_than(&frame, self.edge.config.max_json_depth) {
+            true => "invalid",
+            false => "fuzz-1",
+        };
         let edge = self.edge.clone();
         let frames = self.runtime.block_on(async move {
             let handle = tokio::runtime::Handle::current();
@@ -644,6 +733,10 @@ impl Harness {
             self.calls = 0;
         }
         let answer = self.answer(method, profile_name, &params);
+        if answer["id"] == "invalid" {
+            assert_eq!(answer["error"]["code"], "INVALID_REQUEST", "{answer}");
+            return;
+        }
         let error = &answer["error"];
         let code = error["code"].as_str();
         let message = error["message"].as_str().unwrap_or_default();

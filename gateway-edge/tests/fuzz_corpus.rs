@@ -465,3 +465,33 @@ fn slash_command_sends_check_their_timeout() {
         check_method_params(&method_input("chat.send", None, &params));
     }
 }
+
+/// Params nested past `EDGE_MAX_JSON_DEPTH` (64) but within the parser's
+/// 128: the frame is refused before its id is read (answered as
+/// `invalid`), for any method; a frame just within the bound is not.
+#[test]
+fn deep_params_are_refused_as_frames() {
+    for depth in [60, 62, 63, 64, 100, 126] {
+        let mut params = json!({ "sessionKey": "main" });
+        for _ in 0..depth {
+            params = json!({ "key": params });
+        }
+        for method in ["chat.history", "health", "sessions.list"] {
+            check_method_params(&method_input(method, None, &params));
+        }
+        let frame = json!({ "type": "req", "id": "1", "method": "health", "params": params });
+        check_frame(frame.to_string().as_bytes());
+    }
+}
+
+/// The nesting bound counts what the parser reads: duplicate keys
+/// included, though the parsed value keeps only the last of them (the
+/// frame target's oracle once counted the parsed value).
+#[test]
+fn duplicate_keys_count_for_the_nesting_bound() {
+    let frame = r#"{"type":"req","id":"1","method":"health","params":{"a":[[[1]]],"a":1}}"#;
+    check_frame(frame.as_bytes());
+    // The frame, params, then `[[[`: five levels.
+    assert!(gateway_edge::json_depth::nests_deeper_than(frame, 4));
+    assert!(!gateway_edge::json_depth::nests_deeper_than(frame, 5));
+}
