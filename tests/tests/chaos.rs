@@ -552,7 +552,12 @@ async fn check(system: &System, journal: &Journal) {
     let runs = journal.runs.lock().unwrap().clone();
     let mut lost_acks = Vec::new();
     let mut statuses: HashMap<String, usize> = HashMap::new();
+    // Runs that ended without finishing (their coordinator lost, killed or
+    // superseded) but whose answer is in the transcript: a write that
+    // landed after its writer lost the session.
+    let mut stale_appends = Vec::new();
     for (session, sent) in &runs {
+        let mut unfinished = Vec::new();
         for run in sent {
             let record = store
                 .get_run(store_pb::GetRunRequest {
@@ -582,6 +587,9 @@ async fn check(system: &System, journal: &Journal) {
             if run.ended == "final" {
                 assert_eq!(status, S::Ok, "{}: the client saw it finish", run.run_id);
             }
+            if matches!(status, S::Lost | S::Superseded) {
+                unfinished.push(run.run_id.clone());
+            }
         }
         // The transcript: each run's turns together, once, in send order;
         // a run the client saw finish has its user and assistant turns.
@@ -590,6 +598,12 @@ async fn check(system: &System, journal: &Journal) {
         if let Err(e) = check_send_order(&blocks, &sent_order) {
             panic!("chaos-{session}: {e}");
         }
+        stale_appends.extend(
+            blocks
+                .iter()
+                .filter(|(id, roles)| unfinished.contains(id) && roles.len() > 1)
+                .map(|(id, _)| id.clone()),
+        );
         for run in sent.iter().filter(|r| r.ended == "final") {
             assert!(
                 blocks
@@ -609,12 +623,17 @@ async fn check(system: &System, journal: &Journal) {
         .sum();
     clawgate_system_tests::report(&format!(
         "chaos: runs {total}, kills {kills}, faults {:?}, retries {}, record statuses {statuses:?}, \
-         duplicates {}, lost acks {}",
+         duplicates {}, lost acks {}, stale-writer appends {}",
         system.faults,
         journal.retries.load(Ordering::Relaxed),
         duplicates.len(),
-        lost_acks.len()
+        lost_acks.len(),
+        stale_appends.len()
     ));
+    assert!(
+        stale_appends.is_empty(),
+        "answers of runs that lost their session were written: {stale_appends:?}"
+    );
     assert!(
         duplicates.is_empty(),
         "runs executed more than once: {duplicates:?}"
