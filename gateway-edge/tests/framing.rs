@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_messages_arrive_whole_from_small_frames() {
@@ -64,8 +64,11 @@ async fn an_answer_ends_the_event_linger() {
     let params = json!({ "sessionKey": "linger", "message": "held", "idempotencyKey": "held" });
     let sent = client.request("chat.send", params).await;
     assert_eq!(sent["ok"], true, "{sent}");
-    // agent.wait answers once the run ended; its answer ends the linger,
-    // and the run's events, queued before it, arrive first.
+    // Once the run has ended, the next answer ends the linger, and the
+    // run's events, queued before it, arrive first. (The end may reach
+    // the edge after `agent.wait`'s answer: Wait and the event stream are
+    // separate calls, so the check is made at the first answer after the
+    // final arrived, with a `health` each time until it has.)
     let waited = client
         .request(
             "agent.wait",
@@ -73,17 +76,34 @@ async fn an_answer_ends_the_event_linger() {
         )
         .await;
     assert_eq!(waited["payload"]["status"], "ok", "{waited}");
+    let final_at = |received: &[Value]| {
+        received.iter().position(|f| {
+            f["event"] == "chat"
+                && f["payload"]["runId"] == "held"
+                && f["payload"]["state"] == "final"
+        })
+    };
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let answer = loop {
+        let health = client.request("health", json!({})).await;
+        if final_at(&client.received).is_some() {
+            break health;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run's final never came: {:?}",
+            client.received
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
     let answer_at = client
         .received
         .iter()
-        .position(|f| f["type"] == "res" && f["id"] == waited["id"])
+        .position(|f| f["type"] == "res" && f["id"] == answer["id"])
         .unwrap();
-    let final_at = client.received.iter().position(|f| {
-        f["event"] == "chat" && f["payload"]["runId"] == "held" && f["payload"]["state"] == "final"
-    });
     assert!(
-        final_at.is_some_and(|at| at < answer_at),
-        "the run's final came before the answer that flushed it: {:?}",
+        final_at(&client.received).is_some_and(|at| at < answer_at),
+        "the run's final came after the answer that flushed it: {:?}",
         client.received
     );
 }
