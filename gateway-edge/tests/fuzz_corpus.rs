@@ -15,68 +15,14 @@
 //! `FUZZ_CORPUS_MUTATIONS` and `FUZZ_CORPUS_SEED` override the count and
 //! the seed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use clawgate_system_tests::fuzz_seeds::{XorShiftStar as Rng, env_or, seeds};
 use gateway_edge::fuzzing::{check_connect, check_frame, check_method_params, method_input};
 use gateway_edge::methods::{SERVED_METHODS, param_keys};
 use serde_json::{Map, Value, json};
 
 const SEED: u64 = 0xf022_0014_c0de_2026;
-
-fn seeds_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/seeds")
-        .join(target)
-}
-
-/// The committed seeds of a target, by name (there must be some).
-fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = seeds_dir(target);
-    let mut seeds: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            (name, std::fs::read(&path).unwrap())
-        })
-        .collect();
-    seeds.sort();
-    assert!(seeds.len() >= 10, "{}: too few seeds", dir.display());
-    seeds
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// xorshift64*: deterministic, no dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 const TOKENS: &[&str] = &[
     "{",
@@ -217,7 +163,7 @@ fn mutate_bytes(data: &[u8], others: &[(String, Vec<u8>)], rng: &mut Rng) -> Vec
                 let i = at.min(out.len() - 1);
                 out[i] = *rng.pick(&[0, 0x7f, 0x80, 0xff, b'"', b'\\', b'{', b'}', b'\n', b' ']);
             }
-            2 => out.insert(at, rng.next() as u8),
+            2 => out.insert(at, rng.next_u64() as u8),
             3 if !out.is_empty() => {
                 let end = (at + 1 + rng.below(16)).min(out.len());
                 out.drain(at.min(end)..end);

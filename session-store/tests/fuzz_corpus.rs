@@ -13,61 +13,15 @@
 //! several seeds. `FUZZ_CORPUS_MUTATIONS` and `FUZZ_CORPUS_SEED` override
 //! the count and the seed.
 
+use clawgate_proto::session_store::v1 as pb;
 use std::path::{Path, PathBuf};
 
-use clawgate_proto::session_store::v1 as pb;
+use clawgate_system_tests::fuzz_seeds::{XorShiftStar as Rng, env_or, seeds, seeds_dir};
 use serde_json::Value;
 use session_store::fuzzing::{REQUESTS, check_store_request, push_request};
 
 const SEED: u64 = 0x5707_0014_c0de_2026;
-
-fn seeds_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/store_request")
-}
-
-fn seeds() -> Vec<(String, Vec<u8>)> {
-    let dir = seeds_dir();
-    let mut seeds: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            (name, std::fs::read(&path).unwrap())
-        })
-        .collect();
-    seeds.sort();
-    assert!(seeds.len() >= 10, "{}: too few seeds", dir.display());
-    seeds
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// xorshift64*: deterministic, no dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+const TARGET: &str = "store_request";
 
 /// The records of an input: `(kind, bytes)` (as `fuzzing` reads them).
 fn records(mut data: &[u8]) -> Vec<(u8, Vec<u8>)> {
@@ -98,7 +52,7 @@ fn mutate(seed: &[u8], seeds: &[(String, Vec<u8>)], rng: &mut Rng) -> Vec<u8> {
     let mut records = records(seed);
     for _ in 0..1 + rng.below(3) {
         if records.is_empty() {
-            records.push((rng.next() as u8, Vec::new()));
+            records.push((rng.next_u64() as u8, Vec::new()));
         }
         let at = rng.below(records.len());
         match rng.below(8) {
@@ -126,7 +80,7 @@ fn mutate(seed: &[u8], seeds: &[(String, Vec<u8>)], rng: &mut Rng) -> Vec<u8> {
                         let i = i.min(bytes.len() - 1);
                         bytes[i] = *rng.pick(&[0, 1, 0x7f, 0x80, 0xff, 0x0a, 0x12, 0x22]);
                     }
-                    2 => bytes.insert(i, rng.next() as u8),
+                    2 => bytes.insert(i, rng.next_u64() as u8),
                     3 if !bytes.is_empty() => {
                         let end = (i + 1 + rng.below(8)).min(bytes.len());
                         bytes.drain(i.min(end)..end);
@@ -166,7 +120,7 @@ fn checked(data: &[u8], what: &str) {
 
 #[test]
 fn store_request_seeds_and_mutations() {
-    let seeds = seeds();
+    let seeds = seeds(TARGET);
     for (name, data) in &seeds {
         checked(data, &format!("seed store_request/{name}"));
     }
@@ -185,7 +139,7 @@ fn store_request_random_bytes() {
     let mut rng = Rng(SEED ^ 0xb17e5 | 1);
     for case in 0..env_or("FUZZ_CORPUS_MUTATIONS", 3000) {
         let len = rng.below(96);
-        let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         checked(&data, &format!("random input {case}"));
     }
 }
@@ -267,7 +221,7 @@ fn entry(role: &str, content_json: String) -> pb::NewEntry {
 fn write_store_seeds() {
     let (turns, entries) = captures();
     assert!(!turns.is_empty() && !entries.is_empty());
-    let dir = seeds_dir();
+    let dir = seeds_dir(TARGET);
     // Regression inputs (`regress-*`, added by hand for a fixed crash) stay.
     std::fs::create_dir_all(&dir).unwrap();
     for old in std::fs::read_dir(&dir).unwrap() {

@@ -12,6 +12,7 @@ pub mod client;
 pub mod cluster;
 pub mod contract;
 pub mod fault_proxy;
+pub mod fuzz_seeds;
 pub mod ha;
 pub mod kube;
 pub mod local;

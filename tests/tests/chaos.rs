@@ -22,6 +22,7 @@ use std::time::Duration;
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_system_tests::cluster::{Role, TOKEN, start_coordinator};
 use clawgate_system_tests::fault_proxy::FaultProxy;
+use clawgate_system_tests::fuzz_seeds::env_or;
 use clawgate_system_tests::ha;
 use clawgate_system_tests::process::{Process, binary_path, service_command};
 use clawgate_system_tests::rng::SplitMix;
@@ -45,13 +46,6 @@ const PARTITION: Duration = Duration::from_millis(3_000);
 /// How long the whole run may take after the faults (a broken system
 /// fails here instead of hanging).
 const DRAIN: Duration = Duration::from_secs(120);
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(Clone)]
 enum Backend {
