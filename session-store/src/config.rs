@@ -125,6 +125,12 @@ pub struct LimitArgs {
     /// JSON), bytes.
     #[arg(long, env = "SESSION_STORE_MAX_SETTINGS_BYTES", default_value_t = Limits::default().max_settings_bytes)]
     pub max_settings_bytes: usize,
+    /// Most live entries of the coordinator member registry (1..4096, so that
+    /// an answer listing them all fits a gRPC message); a heartbeat of a new
+    /// member past it is refused.
+    #[arg(long, env = "SESSION_STORE_MAX_MEMBERS", default_value_t = Limits::default().max_members,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    pub max_members: usize,
 }
 
 impl From<&LimitArgs> for Limits {
@@ -142,6 +148,7 @@ impl From<&LimitArgs> for Limits {
             max_name_chars: a.max_name_chars,
             max_run_payload_bytes: a.max_run_payload_bytes,
             max_settings_bytes: a.max_settings_bytes,
+            max_members: a.max_members,
         }
     }
 }

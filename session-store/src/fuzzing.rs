@@ -13,7 +13,7 @@
 //! 2. served by the real gRPC adapter (`grpc::service`) over the in-memory
 //!    backend behind the limits, as the server stacks them; the requests of
 //!    one input go to one fresh store, so that a sequence can build state
-//!    (a session, its writer, entries, runs, leases).
+//!    (a session, its writer, entries, runs, leases, registry members).
 //!
 //! Oracle: nothing panics; prost re-encodes what it decoded to the same
 //! message; a conversion refuses with `InvalidArgument` only, and what it
@@ -36,6 +36,7 @@ use crate::grpc::convert::*;
 use crate::grpc::service::SessionStoreService;
 use crate::key::{MAX_SESSION_KEY_CHARS, SessionKey};
 use crate::limits::{Checked, Limits};
+use crate::rules::ownership;
 use crate::store::SessionStore;
 
 /// The request messages, in the order `kind` picks them.
@@ -61,6 +62,9 @@ pub const REQUESTS: &[&str] = &[
     "ReleaseLeases",
     "ListLeases",
     "WatchLeases",
+    "HeartbeatMember",
+    "LeaveMember",
+    "ListMembers",
 ];
 
 /// Appends one request record (`kind` is the index of `method` in
@@ -366,6 +370,17 @@ async fn check_one(service: &SessionStoreService, kind: usize, bytes: &[u8]) {
             let table = first.expect("a first item").expect("the lease table");
             assert!(table.leases.len() as u32 == table.partition_count);
         }
+        // The store checks a heartbeat's shape before anything else: a
+        // request the rule refuses must be refused INVALID_ARGUMENT.
+        "HeartbeatMember" => serve!(pb::HeartbeatMemberRequest, heartbeat_member, |req| {
+            let beat = round_trip(req.clone(), |r| Ok(heartbeat_from_pb(r)), heartbeat_to_pb)
+                .expect("the conversion takes any heartbeat");
+            ownership::check_heartbeat(&beat).map_err(|e| refused(&e))
+        }),
+        "LeaveMember" => serve!(pb::LeaveMemberRequest, leave_member, |req| {
+            ownership::check_member(&req.member).map_err(|e| refused(&e))
+        }),
+        "ListMembers" => serve!(pb::ListMembersRequest, list_members, |_req| Ok(())),
         other => unreachable!("no request {other}"),
     }
 }

@@ -34,6 +34,11 @@ pub struct Limits {
     /// checks it inside the patch's own transaction: `server::open_backend`
     /// gives it this value.
     pub max_settings_bytes: usize,
+    /// The most live entries of the member registry: a heartbeat of a new
+    /// member past it is refused (existing members keep heartbeating). It
+    /// depends on the entries stored, so the backend checks it inside the
+    /// heartbeat's own unit: `server::open_backend` gives it this value.
+    pub max_members: usize,
 }
 
 impl Default for Limits {
@@ -51,6 +56,7 @@ impl Default for Limits {
             max_name_chars: 256,
             max_run_payload_bytes: limits::STORE_MAX_RUN_PAYLOAD_BYTES,
             max_settings_bytes: crate::rules::DEFAULT_MAX_SETTINGS_BYTES,
+            max_members: crate::rules::ownership::DEFAULT_MAX_MEMBERS,
         }
     }
 }
@@ -373,5 +379,19 @@ impl<S: SessionStore> SessionStore for Checked<S> {
 
     async fn list_leases(&self) -> StoreResult<LeaseTable> {
         self.inner.list_leases().await
+    }
+
+    // So are the member registry's (`rules::ownership::check_heartbeat`),
+    // and its cap (`max_members`) depends on the entries stored.
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        self.inner.heartbeat_member(req).await
+    }
+
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        self.inner.leave_member(member).await
+    }
+
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        self.inner.list_members().await
     }
 }

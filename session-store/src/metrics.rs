@@ -42,10 +42,13 @@ enum Operation {
     RenewLeases,
     ReleaseLeases,
     ListLeases,
+    HeartbeatMember,
+    LeaveMember,
+    ListMembers,
 }
 
 impl Operation {
-    const ALL: [Self; 20] = [
+    const ALL: [Self; 23] = [
         Self::AcquireWriter,
         Self::ReleaseWriter,
         Self::Append,
@@ -66,6 +69,9 @@ impl Operation {
         Self::RenewLeases,
         Self::ReleaseLeases,
         Self::ListLeases,
+        Self::HeartbeatMember,
+        Self::LeaveMember,
+        Self::ListMembers,
     ];
 
     /// `store.<operation>`: the span name.
@@ -95,6 +101,9 @@ impl Operation {
             Self::RenewLeases => "renew_leases",
             Self::ReleaseLeases => "release_leases",
             Self::ListLeases => "list_leases",
+            Self::HeartbeatMember => "heartbeat_member",
+            Self::LeaveMember => "leave_member",
+            Self::ListMembers => "list_members",
         }
     }
 }
@@ -317,6 +326,18 @@ impl<S: SessionStore> SessionStore for Metered<S> {
     }
     async fn list_leases(&self) -> StoreResult<LeaseTable> {
         self.timed(Operation::ListLeases, self.inner.list_leases())
+            .await
+    }
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        let call = self.inner.heartbeat_member(req);
+        self.timed(Operation::HeartbeatMember, call).await
+    }
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        let call = self.inner.leave_member(member);
+        self.timed(Operation::LeaveMember, call).await
+    }
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        self.timed(Operation::ListMembers, self.inner.list_members())
             .await
     }
 }

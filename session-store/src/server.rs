@@ -75,6 +75,7 @@ pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn Sessio
                 max_batch: config.group_commit_max,
                 partitions: config.partitions,
                 max_settings_bytes: config.limits.max_settings_bytes,
+                max_members: config.limits.max_members,
                 ..EmbeddedOptions::default()
             };
             let store = EmbeddedStore::open(&path, options)
@@ -90,6 +91,7 @@ pub async fn open_backend(config: &StoreConfig) -> anyhow::Result<Arc<dyn Sessio
                 admission_pool_size: config.pg_admission_pool_size,
                 partitions: config.partitions,
                 max_settings_bytes: config.limits.max_settings_bytes,
+                max_members: config.limits.max_members,
             };
             let store = PostgresStore::connect(&url, options)
                 .await

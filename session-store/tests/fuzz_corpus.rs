@@ -492,6 +492,34 @@ fn write_store_seeds() {
             &pb::WatchLeasesRequest { interval_ms: 250 },
         );
     });
+    one("HeartbeatMember", &|i, m| {
+        push_request(
+            i,
+            m,
+            &pb::HeartbeatMemberRequest {
+                member: "coordinator-1".into(),
+                address: "http://127.0.0.1:50062".into(),
+                ttl_ms: 10_000,
+            },
+        );
+        push_request(
+            i,
+            m,
+            &pb::HeartbeatMemberRequest {
+                member: "coordinator-2".into(),
+                address: "http://127.0.0.1:50063".into(),
+                ttl_ms: 1,
+            },
+        );
+        push_request(i, "ListMembers", &pb::ListMembersRequest {});
+        push_request(
+            i,
+            "LeaveMember",
+            &pb::LeaveMemberRequest {
+                member: "coordinator-1".into(),
+            },
+        );
+    });
     for (n, input) in singles.into_iter().enumerate() {
         write(&format!("single-{n:02}"), input);
     }

@@ -525,3 +525,33 @@ pub struct LeaseTable {
     pub leases: Vec<Lease>,
     pub now_ms: i64,
 }
+
+/// A coordinator announcing itself in the member registry (placement:
+/// every coordinator computes the same partition → member assignment from
+/// the live members).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberHeartbeat {
+    pub member: String,
+    /// Where the member serves (its advertised gRPC address).
+    pub address: String,
+    /// How long the entry lives without another heartbeat (store's clock).
+    pub ttl_ms: u64,
+}
+
+/// One live member of the registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub member: String,
+    pub address: String,
+    /// When the entry ends by the store's clock (Unix ms) without a
+    /// heartbeat.
+    pub expires_at_ms: i64,
+}
+
+/// The live members (entries not yet expired by the store's clock), sorted
+/// by member id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberTable {
+    pub members: Vec<Member>,
+    pub now_ms: i64,
+}

@@ -69,6 +69,20 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>>;
     /// Every partition's lease and the partition count.
     async fn list_leases(&self) -> StoreResult<LeaseTable>;
+
+    // The member registry: which coordinators are alive, for placement.
+    // Liveness only; ownership is the leases' (and the epoch fences).
+
+    /// Creates or extends the member's entry, to the store's now + TTL
+    /// (pruning expired entries); answers the live members. A member not in
+    /// the registry is refused with `InvalidArgument` while the registry
+    /// holds its cap of live members (`--max-members`).
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable>;
+    /// Removes the member's entry at once (a graceful leave). Returns
+    /// whether it had a live one.
+    async fn leave_member(&self, member: &str) -> StoreResult<bool>;
+    /// The live members.
+    async fn list_members(&self) -> StoreResult<MemberTable>;
 }
 
 /// Wall-clock Unix milliseconds, the store's clock.
@@ -152,5 +166,14 @@ impl<T: SessionStore + ?Sized> SessionStore for std::sync::Arc<T> {
     }
     async fn list_leases(&self) -> StoreResult<LeaseTable> {
         (**self).list_leases().await
+    }
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        (**self).heartbeat_member(req).await
+    }
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        (**self).leave_member(member).await
+    }
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        (**self).list_members().await
     }
 }

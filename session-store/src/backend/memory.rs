@@ -17,6 +17,7 @@ use crate::store::{SessionStore, now_ms};
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     max_settings_bytes: usize,
+    max_members: usize,
 }
 
 struct Inner {
@@ -25,6 +26,9 @@ struct Inner {
     runs: HashMap<String, RunRecord>,
     /// One per partition, indexed by partition.
     leases: Vec<Lease>,
+    /// The member registry, sorted by member id (expired entries stay until
+    /// the next heartbeat prunes them).
+    members: Vec<Member>,
 }
 
 impl Default for MemoryStore {
@@ -45,14 +49,22 @@ impl MemoryStore {
                 transcripts: HashMap::new(),
                 runs: HashMap::new(),
                 leases: (0..partitions).map(Lease::unowned).collect(),
+                members: Vec::new(),
             }),
             max_settings_bytes: rules::DEFAULT_MAX_SETTINGS_BYTES,
+            max_members: ownership::DEFAULT_MAX_MEMBERS,
         }
     }
 
     /// The largest settings object of a session (`--max-settings-bytes`).
     pub fn with_max_settings_bytes(mut self, max_settings_bytes: usize) -> Self {
         self.max_settings_bytes = max_settings_bytes;
+        self
+    }
+
+    /// The most live entries of the member registry (`--max-members`).
+    pub fn with_max_members(mut self, max_members: usize) -> Self {
+        self.max_members = max_members;
         self
     }
 }
@@ -363,6 +375,37 @@ impl SessionStore for MemoryStore {
             partition_count: inner.partition_count(),
             leases: inner.leases.clone(),
             now_ms: now_ms(),
+        })
+    }
+
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        ownership::check_heartbeat(&req)?;
+        let mut inner = self.inner.lock().await;
+        let now = now_ms();
+        let (mut live, _expired) = ownership::split_members(inner.members.clone(), now);
+        ownership::heartbeat(&mut live, &req, now, self.max_members)?;
+        inner.members = live.clone();
+        Ok(MemberTable {
+            members: live,
+            now_ms: now,
+        })
+    }
+
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        ownership::check_member(member)?;
+        let mut inner = self.inner.lock().await;
+        let Some(at) = inner.members.iter().position(|m| m.member == member) else {
+            return Ok(false);
+        };
+        Ok(ownership::is_live(&inner.members.remove(at), now_ms()))
+    }
+
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        let inner = self.inner.lock().await;
+        let now = now_ms();
+        Ok(MemberTable {
+            members: ownership::split_members(inner.members.clone(), now).0,
+            now_ms: now,
         })
     }
 }

@@ -385,4 +385,30 @@ impl GrpcSessionStore for SessionStoreService {
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+
+    async fn heartbeat_member(
+        &self,
+        request: Request<pb::HeartbeatMemberRequest>,
+    ) -> GrpcResult<pb::MembersResponse> {
+        let req = heartbeat_from_pb(request.into_inner());
+        let table = self.store.heartbeat_member(req).await.map_err(to_status)?;
+        Ok(Response::new(members_to_pb(table)))
+    }
+
+    async fn leave_member(
+        &self,
+        request: Request<pb::LeaveMemberRequest>,
+    ) -> GrpcResult<pb::LeaveMemberResponse> {
+        let member = request.into_inner().member;
+        let left = self.store.leave_member(&member).await.map_err(to_status)?;
+        Ok(Response::new(pb::LeaveMemberResponse { left }))
+    }
+
+    async fn list_members(
+        &self,
+        _request: Request<pb::ListMembersRequest>,
+    ) -> GrpcResult<pb::MembersResponse> {
+        let table = self.store.list_members().await.map_err(to_status)?;
+        Ok(Response::new(members_to_pb(table)))
+    }
 }

@@ -12,13 +12,18 @@ use clawgate_common::partition::partition_of;
 
 use crate::error::StoreError;
 use crate::key::SessionKey;
-use crate::model::{AcquireLeases, Lease, LeaseGrant, OwnerToken, RenewLeases};
+use crate::model::{
+    AcquireLeases, Lease, LeaseGrant, Member, MemberHeartbeat, OwnerToken, RenewLeases,
+};
 
 /// The longest lease a member may ask for.
 pub const MAX_LEASE_TTL_MS: u64 = 3_600_000;
 /// Member ids and addresses are names, not payloads.
 pub const MAX_MEMBER_CHARS: usize = 256;
 pub const MAX_ADDRESS_CHARS: usize = 512;
+/// The default of `--max-members`: the most live entries the member registry
+/// holds.
+pub const DEFAULT_MAX_MEMBERS: usize = 256;
 
 /// The partition a session key belongs to in a store of `partition_count`.
 pub fn partition(key: &SessionKey, partition_count: u32) -> u32 {
@@ -78,11 +83,7 @@ fn stale(message: String, lease: &Lease) -> StoreError {
 pub fn acquire_targets(req: &AcquireLeases, partition_count: u32) -> Result<Vec<u32>, StoreError> {
     check_member(&req.member)?;
     check_ttl(req.ttl_ms)?;
-    if req.address.chars().count() > MAX_ADDRESS_CHARS {
-        return Err(StoreError::invalid(format!(
-            "the address is longer than {MAX_ADDRESS_CHARS} characters"
-        )));
-    }
+    check_address(&req.address)?;
     if req.partitions.is_empty() {
         return Ok((0..partition_count).collect());
     }
@@ -130,16 +131,28 @@ fn targets(partitions: impl Iterator<Item = u32>, count: u32) -> Result<Vec<u32>
     Ok(out)
 }
 
-fn check_member(member: &str) -> Result<(), StoreError> {
-    if member.is_empty() || member.chars().count() > MAX_MEMBER_CHARS {
+/// A member id: 1 to `MAX_MEMBER_CHARS` characters, no control characters.
+pub fn check_member(member: &str) -> Result<(), StoreError> {
+    check_name("a member id", member, 1, MAX_MEMBER_CHARS)
+}
+
+/// An advertised address: at most `MAX_ADDRESS_CHARS` characters, no control
+/// characters (NUL cannot be stored by every backend). Empty is allowed.
+fn check_address(address: &str) -> Result<(), StoreError> {
+    check_name("an address", address, 0, MAX_ADDRESS_CHARS)
+}
+
+/// `min..=max` characters, none a control character.
+fn check_name(what: &str, value: &str, min: usize, max: usize) -> Result<(), StoreError> {
+    if !(min..=max).contains(&value.chars().count()) {
         return Err(StoreError::invalid(format!(
-            "a member id has 1 to {MAX_MEMBER_CHARS} characters"
+            "{what} has {min} to {max} characters"
         )));
     }
-    if member.chars().any(char::is_control) {
-        return Err(StoreError::invalid(
-            "a member id must not contain control characters",
-        ));
+    if value.chars().any(char::is_control) {
+        return Err(StoreError::invalid(format!(
+            "{what} must not contain control characters"
+        )));
     }
     Ok(())
 }
@@ -149,7 +162,7 @@ fn check_ttl(ttl_ms: u64) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::invalid(format!(
-            "a lease lasts 1 ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms}"
+            "a lease or a member entry lasts 1 ms to {MAX_LEASE_TTL_MS} ms, not {ttl_ms}"
         )))
     }
 }
@@ -209,6 +222,68 @@ pub fn grant(outcomes: Vec<(Lease, bool)>, now_ms: i64) -> LeaseGrant {
     }
 }
 
+// The member registry: which coordinators are alive (placement). An entry
+// lives until `expires_at_ms` by the store's clock; past it, it is no member,
+// is never answered, and the next heartbeat prunes it. Liveness only: the
+// leases own, the epoch fences.
+
+/// Checks a HeartbeatMember: a member id and an address as a lease's, a TTL
+/// as a lease's (1 ms to `MAX_LEASE_TTL_MS`).
+pub fn check_heartbeat(req: &MemberHeartbeat) -> Result<(), StoreError> {
+    check_member(&req.member)?;
+    check_ttl(req.ttl_ms)?;
+    check_address(&req.address)
+}
+
+/// Whether a registry entry is live at `now_ms` (the store's clock).
+pub fn is_live(member: &Member, now_ms: i64) -> bool {
+    member.expires_at_ms > now_ms
+}
+
+/// Splits the registry's entries into the live ones, sorted by member id
+/// (bytewise: the answer's order on every backend), and the expired ones
+/// (to prune).
+pub fn split_members(
+    entries: impl IntoIterator<Item = Member>,
+    now_ms: i64,
+) -> (Vec<Member>, Vec<Member>) {
+    let (mut live, expired): (Vec<_>, Vec<_>) =
+        entries.into_iter().partition(|m| is_live(m, now_ms));
+    live.sort_unstable_by(|a, b| a.member.cmp(&b.member));
+    (live, expired)
+}
+
+/// HeartbeatMember on the live entries (`live`, as `split_members` sorts
+/// them): creates or extends the member's entry, to `now_ms + ttl_ms`. A
+/// member not yet in the registry is refused when `max_members` are live;
+/// one already in it always renews. Returns the entry to store; `live` is
+/// then the answer's members.
+pub fn heartbeat(
+    live: &mut Vec<Member>,
+    req: &MemberHeartbeat,
+    now_ms: i64,
+    max_members: usize,
+) -> Result<Member, StoreError> {
+    let entry = Member {
+        member: req.member.clone(),
+        address: req.address.clone(),
+        expires_at_ms: expiry(now_ms, req.ttl_ms),
+    };
+    match live.binary_search_by(|m| m.member.as_str().cmp(req.member.as_str())) {
+        Ok(at) => live[at] = entry.clone(),
+        Err(_) if live.len() >= max_members => {
+            return Err(StoreError::invalid(format!(
+                "the member registry is full ({} live members, the most --max-members allows): \
+                 member {:?} may join when one leaves or expires",
+                live.len(),
+                req.member
+            )));
+        }
+        Err(at) => live.insert(at, entry.clone()),
+    }
+    Ok(entry)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,5 +331,71 @@ mod tests {
             "STALE_OWNER",
             "a released tenure writes no more"
         );
+    }
+
+    fn beat(member: &str, ttl_ms: u64) -> MemberHeartbeat {
+        MemberHeartbeat {
+            member: member.into(),
+            address: format!("http://{member}"),
+            ttl_ms,
+        }
+    }
+
+    #[test]
+    fn the_registry_caps_new_members_not_renewals() {
+        let (mut live, expired) = split_members(
+            [
+                Member {
+                    member: "c".into(),
+                    address: String::new(),
+                    expires_at_ms: 100,
+                },
+                Member {
+                    member: "b".into(),
+                    address: String::new(),
+                    expires_at_ms: 10,
+                },
+                Member {
+                    member: "a".into(),
+                    address: String::new(),
+                    expires_at_ms: 101,
+                },
+            ],
+            100,
+        );
+        let names = |live: &[Member]| live.iter().map(|m| m.member.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&live), ["a"], "live only: expires_at_ms > now");
+        assert_eq!(expired.len(), 2);
+        let entry = heartbeat(&mut live, &beat("b", 50), 100, 2).unwrap();
+        assert_eq!(entry.expires_at_ms, 150);
+        assert_eq!(names(&live), ["a", "b"], "sorted by member id");
+        let full = heartbeat(&mut live, &beat("0", 50), 100, 2).unwrap_err();
+        assert_eq!(full.code(), "INVALID_ARGUMENT");
+        assert_eq!(names(&live), ["a", "b"], "a refusal changes nothing");
+        heartbeat(&mut live, &beat("a", 500), 120, 2).unwrap();
+        assert_eq!(live[0].expires_at_ms, 620, "a member in it renews");
+    }
+
+    #[test]
+    fn heartbeats_are_checked() {
+        check_heartbeat(&beat("a", 1)).unwrap();
+        check_heartbeat(&beat("a", MAX_LEASE_TTL_MS)).unwrap();
+        for bad in [
+            beat("", 1000),
+            beat("a", 0),
+            beat("a", MAX_LEASE_TTL_MS + 1),
+            beat("a\n", 1000),
+            MemberHeartbeat {
+                address: "x".repeat(MAX_ADDRESS_CHARS + 1),
+                ..beat("a", 1000)
+            },
+            MemberHeartbeat {
+                address: "http://a\0".into(),
+                ..beat("a", 1000)
+            },
+        ] {
+            let err = check_heartbeat(&bad).unwrap_err();
+            assert_eq!(err.code(), "INVALID_ARGUMENT", "{bad:?}");
+        }
     }
 }

@@ -4,10 +4,13 @@
 #![allow(dead_code)]
 
 pub mod harness;
+pub mod members;
 pub mod ownership;
 pub mod run_lifecycle;
 pub mod settings;
 
+#[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
+pub use members::*;
 #[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
 pub use ownership::*;
 #[allow(unused_imports)] // used by the conformance_cases! macro, not by every test crate
@@ -900,6 +903,12 @@ macro_rules! conformance_cases {
             owner_tokens_are_checked,
             an_expired_lease_is_taken_and_its_epoch_fenced,
             a_take_is_ordered_after_the_old_tenures_writes,
+            members_heartbeat_creates_and_lists,
+            a_member_heartbeat_extends_its_entry,
+            a_member_leaves_at_once,
+            an_expired_member_is_never_listed,
+            the_member_registry_is_capped,
+            bad_member_requests_are_refused,
             settings_merge_patch_top_level,
             settings_label_is_the_label_column,
             settings_patch_must_be_an_object,

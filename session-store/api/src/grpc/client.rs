@@ -362,6 +362,35 @@ impl SessionStore for RemoteStore {
             .map_err(from_status)?;
         Ok(table_from_pb(res.into_inner()))
     }
+
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        let res = self
+            .client()
+            .heartbeat_member(heartbeat_to_pb(req))
+            .await
+            .map_err(from_status)?;
+        Ok(members_from_pb(res.into_inner()))
+    }
+
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        let res = self
+            .client()
+            .leave_member(pb::LeaveMemberRequest {
+                member: member.to_owned(),
+            })
+            .await
+            .map_err(from_status)?;
+        Ok(res.into_inner().left)
+    }
+
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        let res = self
+            .client()
+            .list_members(pb::ListMembersRequest {})
+            .await
+            .map_err(from_status)?;
+        Ok(members_from_pb(res.into_inner()))
+    }
 }
 
 impl RemoteStore {

@@ -392,6 +392,54 @@ pub fn table_from_pb(t: pb::ListLeasesResponse) -> LeaseTable {
     }
 }
 
+pub fn member_to_pb(m: Member) -> pb::Member {
+    pb::Member {
+        member: m.member,
+        address: m.address,
+        expires_at_ms: m.expires_at_ms,
+    }
+}
+
+pub fn member_from_pb(m: pb::Member) -> Member {
+    Member {
+        member: m.member,
+        address: m.address,
+        expires_at_ms: m.expires_at_ms,
+    }
+}
+
+pub fn heartbeat_to_pb(h: MemberHeartbeat) -> pb::HeartbeatMemberRequest {
+    pb::HeartbeatMemberRequest {
+        member: h.member,
+        address: h.address,
+        ttl_ms: h.ttl_ms,
+    }
+}
+
+/// The request's shape needs no check here: the store checks it
+/// (`rules::ownership::check_heartbeat`).
+pub fn heartbeat_from_pb(r: pb::HeartbeatMemberRequest) -> MemberHeartbeat {
+    MemberHeartbeat {
+        member: r.member,
+        address: r.address,
+        ttl_ms: r.ttl_ms,
+    }
+}
+
+pub fn members_to_pb(t: MemberTable) -> pb::MembersResponse {
+    pb::MembersResponse {
+        members: t.members.into_iter().map(member_to_pb).collect(),
+        now_ms: t.now_ms,
+    }
+}
+
+pub fn members_from_pb(t: pb::MembersResponse) -> MemberTable {
+    MemberTable {
+        members: t.members.into_iter().map(member_from_pb).collect(),
+        now_ms: t.now_ms,
+    }
+}
+
 fn acquire_mode_from_pb(raw: i32) -> Result<AcquireMode, StoreError> {
     match pb::AcquireMode::try_from(raw) {
         Ok(pb::AcquireMode::Unspecified | pb::AcquireMode::Cas) => Ok(AcquireMode::Cas),

@@ -1,9 +1,9 @@
 //! The embedded backend: one redb file, crash-safe, nothing to install.
 //!
 //! Writes go through one writer thread that commits in groups (`writer`): it
-//! takes the writes waiting in its two lanes (admission and leases first,
-//! then the rest, up to `max_batch`), applies them in order inside one write
-//! transaction, commits once (fsync) and only then answers each caller. So
+//! takes the writes waiting in its two lanes (admission, leases and member
+//! heartbeats first, then the rest, up to `max_batch`), applies them in
+//! order inside one write transaction, commits once (fsync) and only then answers each caller. So
 //! every acknowledged write is durable, under concurrency one fsync pays for
 //! many writes, and admission never queues behind executing runs' writes. A write whose rule refuses it writes nothing
 //! and does not disturb the rest of its group; a storage error aborts the
@@ -45,6 +45,9 @@ const TRANSCRIPTS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("t
 const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
 /// partition → `Lease` (JSON); a partition without a row was never owned.
 const LEASES: TableDefinition<u32, &[u8]> = TableDefinition::new("leases");
+/// member id → `Member` (JSON): the member registry. Expired rows stay until
+/// the next heartbeat prunes them; nothing answers them.
+const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
 /// Settings fixed at the store's first start (`partition_count`).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -59,6 +62,8 @@ pub struct EmbeddedOptions {
     pub partitions: u32,
     /// The largest settings object of a session (`--max-settings-bytes`).
     pub max_settings_bytes: usize,
+    /// The most live entries of the member registry (`--max-members`).
+    pub max_members: usize,
 }
 
 impl Default for EmbeddedOptions {
@@ -68,6 +73,7 @@ impl Default for EmbeddedOptions {
             queue_depth: 4096,
             partitions: clawgate_common::partition::DEFAULT_PARTITIONS,
             max_settings_bytes: rules::DEFAULT_MAX_SETTINGS_BYTES,
+            max_members: ownership::DEFAULT_MAX_MEMBERS,
         }
     }
 }
@@ -77,6 +83,7 @@ pub struct EmbeddedStore {
     queue: Arc<WriteQueue>,
     partitions: u32,
     max_settings_bytes: usize,
+    max_members: usize,
 }
 
 impl EmbeddedStore {
@@ -84,6 +91,7 @@ impl EmbeddedStore {
     pub async fn open(path: &Path, options: EmbeddedOptions) -> StoreResult<Self> {
         let path = path.to_owned();
         let (partitions, max_settings_bytes) = (options.partitions, options.max_settings_bytes);
+        let max_members = options.max_members;
         clawgate_common::partition::check_partitions(partitions).map_err(StoreError::invalid)?;
         let opened = tokio::task::spawn_blocking(move || -> Result<_, redb::Error> {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -95,6 +103,7 @@ impl EmbeddedStore {
             txn.open_table(TRANSCRIPTS)?;
             txn.open_table(RUNS)?;
             txn.open_table(LEASES)?;
+            txn.open_table(MEMBERS)?;
             let stored = {
                 let mut meta = txn.open_table(META)?;
                 let stored = meta.get("partition_count")?.map(|v| v.value());
@@ -127,6 +136,7 @@ impl EmbeddedStore {
             queue,
             partitions,
             max_settings_bytes,
+            max_members,
         })
     }
 
@@ -260,6 +270,13 @@ fn store_lease(txn: &WriteTransaction, lease: &Lease) -> Result<(), redb::Error>
     txn.open_table(LEASES)?
         .insert(lease.partition, encode(lease).as_slice())?;
     Ok(())
+}
+
+/// Every entry of the member registry, expired ones included.
+fn load_members(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+) -> Result<Vec<Member>, redb::Error> {
+    table.iter()?.map(|row| decode(row?.1.value())).collect()
 }
 
 /// The owner check of a write, in the write's own transaction: the writer
@@ -718,6 +735,54 @@ impl SessionStore for EmbeddedStore {
                 partition_count,
                 leases,
                 now_ms: now_ms(),
+            }))
+        })
+        .await
+    }
+
+    // Registry writes go in the urgent lane, as lease renewals do: a
+    // heartbeat that waited behind execution writes could let a live
+    // member's entry expire.
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        ownership::check_heartbeat(&req)?;
+        let max_members = self.max_members;
+        self.write_in(Lane::Urgent, move |txn, now| {
+            let mut table = txn.open_table(MEMBERS)?;
+            let (mut live, expired) = ownership::split_members(load_members(&table)?, now);
+            let entry = refused!(ownership::heartbeat(&mut live, &req, now, max_members));
+            for gone in &expired {
+                table.remove(gone.member.as_str())?;
+            }
+            table.insert(entry.member.as_str(), encode(&entry).as_slice())?;
+            Ok(Ok(MemberTable {
+                members: live,
+                now_ms: now,
+            }))
+        })
+        .await
+    }
+
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        ownership::check_member(member)?;
+        let member = member.to_owned();
+        self.write_in(Lane::Urgent, move |txn, now| {
+            let mut table = txn.open_table(MEMBERS)?;
+            let Some(row) = table.remove(member.as_str())? else {
+                return Ok(Ok(false));
+            };
+            let entry: Member = decode(row.value())?;
+            Ok(Ok(ownership::is_live(&entry, now)))
+        })
+        .await
+    }
+
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        self.read(move |txn| {
+            let entries = load_members(&txn.open_table(MEMBERS)?)?;
+            let now = now_ms();
+            Ok(Ok(MemberTable {
+                members: ownership::split_members(entries, now).0,
+                now_ms: now,
             }))
         })
         .await

@@ -3,8 +3,9 @@
 //!
 //! Writes wait in one of two lanes. Each group takes every waiting write of
 //! the **urgent** lane first (a run's admission, `CreateRun`, which the
-//! client's ACK waits for; lease takes and renewals, which keep ownership)
-//! and then fills up from the **bulk** lane (everything else: the writes of
+//! client's ACK waits for; lease takes and renewals, which keep ownership;
+//! member heartbeats, which keep a coordinator in the registry) and then
+//! fills up from the **bulk** lane (everything else: the writes of
 //! executing runs, session changes) to `max_batch`, applies them in that
 //! order inside one write transaction and commits once (fsync). A write is
 //! answered only after its group committed, so every acknowledged write is
@@ -34,7 +35,7 @@ pub(super) type Job =
 /// Which lane a write waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lane {
-    /// Admission and lease writes: first in every group.
+    /// Admission, lease and member-registry writes: first in every group.
     Urgent,
     /// Everything else.
     Bulk,

@@ -34,6 +34,7 @@ use crate::rules::{self, SessionSlot};
 use crate::store::{SessionStore, now_ms};
 
 mod leases;
+mod members;
 mod rows;
 #[macro_use]
 mod sql;
@@ -50,6 +51,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../../../migrations/0005_session_settings.sql"),
     ),
+    (6, include_str!("../../../migrations/0006_members.sql")),
 ];
 
 /// Advisory lock serializing schema creation and migrations across replicas.
@@ -74,6 +76,8 @@ pub struct PgOptions {
     pub partitions: u32,
     /// The largest settings object of a session (`--max-settings-bytes`).
     pub max_settings_bytes: usize,
+    /// The most live entries of the member registry (`--max-members`).
+    pub max_members: usize,
 }
 
 impl Default for PgOptions {
@@ -84,6 +88,7 @@ impl Default for PgOptions {
             admission_pool_size: 4,
             partitions: clawgate_common::partition::DEFAULT_PARTITIONS,
             max_settings_bytes: rules::DEFAULT_MAX_SETTINGS_BYTES,
+            max_members: ownership::DEFAULT_MAX_MEMBERS,
         }
     }
 }
@@ -95,6 +100,7 @@ pub struct PostgresStore {
     urgent: Pool,
     partitions: u32,
     max_settings_bytes: usize,
+    max_members: usize,
 }
 
 impl PostgresStore {
@@ -132,6 +138,7 @@ impl PostgresStore {
             urgent,
             partitions,
             max_settings_bytes: options.max_settings_bytes,
+            max_members: options.max_members,
         };
         store.migrate(schema).await?;
         Ok(store)
@@ -639,6 +646,29 @@ impl SessionStore for PostgresStore {
             leases,
             now_ms,
         })
+    }
+
+    // Registry writes use the admission pool, as lease renewals do: a
+    // heartbeat that waited for a connection behind execution writes could
+    // let a live member's entry expire.
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        ownership::check_heartbeat(&req)?;
+        let mut client = self.urgent_client().await?;
+        let tx = begin(&mut client, false).await?;
+        let table = members::heartbeat(&tx, &req, self.max_members).await?;
+        commit(tx).await?;
+        Ok(table)
+    }
+
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        ownership::check_member(member)?;
+        let client = self.urgent_client().await?;
+        members::leave(&client, member).await
+    }
+
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        let client = self.client().await?;
+        members::list(&client).await
     }
 }
 
