@@ -27,6 +27,33 @@ pub fn partition_of(canonical_key: &str, partitions: u32) -> u32 {
     (hash % u64::from(partitions)) as u32
 }
 
+/// The member a partition is placed on: rendezvous (highest random weight)
+/// hashing of `(partition, member)` over `members`. Every coordinator that
+/// sees the same members computes the same answer, and a member joining or
+/// leaving moves only the partitions it wins or held (about 1/N of them).
+/// `None` when there are no members.
+pub fn rendezvous_owner<'a>(partition: u32, members: &[&'a str]) -> Option<&'a str> {
+    members
+        .iter()
+        .copied()
+        .max_by_key(|member| (rendezvous_weight(partition, member), *member))
+}
+
+/// The weight of `member` for `partition`: FNV-1a over the member id, then
+/// the partition, through a 64-bit finalizer so that nearby inputs spread.
+fn rendezvous_weight(partition: u32, member: &str) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = member
+        .bytes()
+        .chain(partition.to_le_bytes())
+        .fold(OFFSET_BASIS, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME));
+    let mut z = hash;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Checks a configured partition count.
 pub fn check_partitions(partitions: u32) -> Result<(), String> {
     if (1..=MAX_PARTITIONS).contains(&partitions) {
@@ -57,5 +84,32 @@ mod tests {
             .collect();
         assert!(spread.len() > 200, "keys spread over the partitions");
         assert!(spread.iter().all(|p| *p < 256));
+    }
+
+    fn placement(members: &[&str], partitions: u32) -> Vec<String> {
+        (0..partitions)
+            .map(|p| rendezvous_owner(p, members).unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn rendezvous_spreads_and_moves_only_the_share_of_a_joiner_or_leaver() {
+        assert_eq!(rendezvous_owner(7, &[]), None);
+        let three = ["a1b2", "c3d4", "e5f6"];
+        let before = placement(&three, 256);
+        for member in three {
+            let share = before.iter().filter(|m| *m == member).count();
+            assert!((50..=120).contains(&share), "{member} has {share} of 256");
+        }
+        // The order members are listed in does not matter.
+        assert_eq!(before, placement(&["e5f6", "a1b2", "c3d4"], 256));
+        // A fourth member takes partitions only for itself.
+        let after = placement(&["a1b2", "c3d4", "e5f6", "g7h8"], 256);
+        let moved: Vec<usize> = (0..256).filter(|&p| before[p] != after[p]).collect();
+        assert!(moved.iter().all(|&p| after[p] == "g7h8"));
+        assert!((40..=100).contains(&moved.len()), "{} moved", moved.len());
+        // A leaver's partitions go; nobody else's move.
+        let left = placement(&["a1b2", "e5f6"], 256);
+        assert!((0..256).all(|p| before[p] == "c3d4" || before[p] == left[p]));
     }
 }
