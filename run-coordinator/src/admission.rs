@@ -239,7 +239,7 @@ impl Inner {
                 status: RunStatus::Queued,
                 owner: self.epoch.clone(),
                 request_json,
-                owner_token: Some(self.ownership.token(&req.session_key)?),
+                owner_token: Some(self.ownership.admission_token(&req.session_key)?),
                 expected_settings: req.expected_settings,
             })
             .await?;

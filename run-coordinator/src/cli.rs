@@ -10,7 +10,7 @@ use clawgate_common::{limits, parse_duration};
 
 use crate::config::CoordinatorConfig;
 use crate::events::HubLimits;
-use crate::ownership::{OwnershipConfig, OwnershipMode};
+use crate::ownership::{OwnershipConfig, OwnershipMode, Placement};
 use crate::runtime::AgentRuntime;
 use crate::runtime::echo::{EchoConfig, EchoRuntime};
 use crate::runtime::grpc::{GrpcRuntime, GrpcRuntimeConfig};
@@ -177,6 +177,23 @@ pub struct CoordinatorArgs {
     /// take over (at most half the TTL).
     #[arg(long, env = "COORDINATOR_LEASE_RENEW_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub lease_renew_interval: Duration,
+    /// Lease ownership: which partitions this coordinator holds.
+    /// `all-on-one`: all of them on one leader, the others standing by;
+    /// `balanced`: spread over the live coordinators (docs/high-availability.md).
+    #[arg(
+        long,
+        env = "COORDINATOR_PLACEMENT",
+        value_enum,
+        default_value = "all-on-one"
+    )]
+    pub placement: Placement,
+    /// Balanced placement: how long the executing runs of a partition moving
+    /// to another coordinator may take to finish before they are aborted.
+    #[arg(long, env = "COORDINATOR_HANDOFF_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub handoff_timeout: Duration,
+    /// Balanced placement: most partitions this coordinator hands off at once.
+    #[arg(long, env = "COORDINATOR_MAX_PARTITION_MOVES", default_value_t = 16)]
+    pub max_partition_moves: usize,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }
@@ -208,6 +225,9 @@ impl CoordinatorArgs {
             max_wait: self.max_wait,
             ownership: OwnershipConfig {
                 mode: self.ownership,
+                placement: self.placement,
+                handoff_timeout: self.handoff_timeout,
+                max_moves: self.max_partition_moves,
                 advertise_address: self.advertise_address.clone().unwrap_or_default(),
                 lease_ttl: self.lease_ttl,
                 renew_interval: self.lease_renew_interval,

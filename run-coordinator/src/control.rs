@@ -35,20 +35,23 @@ impl Inner {
                     .get(run_id)
                     .is_some_and(|r| Arc::ptr_eq(r, &run));
                 if in_memory {
-                    return Ok(
-                        match tokio::time::timeout_at(until, run.wait_terminal()).await {
-                            Ok(done) => WaitResult {
-                                terminal: true,
-                                unknown: false,
-                                snapshot: Some(done),
-                            },
-                            Err(_) => WaitResult {
-                                terminal: false,
-                                unknown: false,
-                                snapshot: Some(self.snapshot(&run)),
-                            },
+                    let waited = tokio::select! {
+                        waited = tokio::time::timeout_at(until, run.wait_terminal()) => waited,
+                        // Handed to another coordinator: its record tells.
+                        () = run.moved.cancelled() => continue,
+                    };
+                    return Ok(match waited {
+                        Ok(done) => WaitResult {
+                            terminal: true,
+                            unknown: false,
+                            snapshot: Some(done),
                         },
-                    );
+                        Err(_) => WaitResult {
+                            terminal: false,
+                            unknown: false,
+                            snapshot: Some(self.snapshot(&run)),
+                        },
+                    });
                 }
                 // Another instance's run: only its record tells.
                 if Instant::now() >= until {

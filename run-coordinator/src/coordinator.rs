@@ -69,6 +69,9 @@ pub(crate) struct Inner {
     pub(crate) run_finished: Notify,
     /// Ends the lease loop for a handover (`leader.rs`).
     pub(crate) stop_keeping: CancellationToken,
+    /// Balanced placement: this member left the registry (a planned stop);
+    /// its rounds only renew what it still holds.
+    pub(crate) leaving: std::sync::atomic::AtomicBool,
 }
 
 /// The run coordinator. Cheap to clone.
@@ -107,7 +110,11 @@ impl Coordinator {
             .map_err(CoordinatorError::invalid)?;
         let epoch = uuid::Uuid::new_v4().simple().to_string();
         let partition_count = store.list_leases().await?.partition_count;
-        let ownership = Arc::new(Ownership::new(epoch.clone(), partition_count));
+        let ownership = Arc::new(Ownership::new(
+            epoch.clone(),
+            partition_count,
+            config.ownership.balanced(),
+        ));
         let store: Arc<dyn SessionStore> = Arc::new(FencedStore::new(store, ownership.clone()));
         let hub = Arc::new(EventHub::new(epoch.as_str().into(), config.events.clone()));
         let coordinator = Self {
@@ -122,6 +129,7 @@ impl Coordinator {
                 state: Mutex::new(State::default()),
                 run_finished: Notify::new(),
                 stop_keeping: CancellationToken::new(),
+                leaving: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         match coordinator.inner.config.ownership.mode {
@@ -253,7 +261,7 @@ impl Inner {
             taken_over,
             "took every partition (static ownership)"
         );
-        self.recover().await?;
+        self.recover(None).await?;
         self.ownership.start_serving();
         Ok(())
     }

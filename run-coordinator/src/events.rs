@@ -222,6 +222,15 @@ impl EventHub {
         self.expire(&mut state);
     }
 
+    /// Drops a run's log at once (a queued run handed to another
+    /// coordinator: its events continue there). Its subscribers end.
+    pub fn forget(&self, run_id: &str) {
+        let mut state = self.state.lock().unwrap();
+        if let Some(log) = state.logs.remove(run_id) {
+            log.notify.notify_waiters();
+        }
+    }
+
     /// The seq of the run's last event (0: none, or no log).
     pub fn last_seq(&self, run_id: &str) -> u64 {
         let state = self.state.lock().unwrap();

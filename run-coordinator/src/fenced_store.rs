@@ -104,4 +104,13 @@ impl SessionStore for FencedStore {
     async fn list_leases(&self) -> StoreResult<LeaseTable> {
         self.inner.list_leases().await
     }
+    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
+        self.inner.heartbeat_member(req).await
+    }
+    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
+        self.inner.leave_member(member).await
+    }
+    async fn list_members(&self) -> StoreResult<MemberTable> {
+        self.inner.list_members().await
+    }
 }

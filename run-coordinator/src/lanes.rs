@@ -120,6 +120,12 @@ impl Inner {
                 state.waiting.remove(index);
                 continue;
             };
+            // A partition being handed off starts nothing: its queued runs
+            // stay queued in the store for the next owner.
+            if !self.ownership.may_start(self.ownership.partition(&run.key)) {
+                index += 1;
+                continue;
+            }
             let lane = state.lanes.entry(run.key.clone()).or_default();
             if lane.running.is_none() && lane.queued.front() == Some(&id) {
                 lane.queued.pop_front();

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::coordinator::{Coordinator, Inner};
 use crate::executor::sleep_until_some;
+use crate::placement::Round;
 
 impl Inner {
     fn ttl_ms(&self) -> u64 {
@@ -41,6 +42,8 @@ impl Inner {
         let mut deadline: Option<Instant> = None;
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let balanced = self.config.ownership.balanced();
+        let mut round = 0u64;
         loop {
             let fence_at = deadline;
             tokio::select! {
@@ -53,6 +56,22 @@ impl Inner {
                 }
             }
             let sent = Instant::now();
+            if balanced {
+                match self.balance(round, interval).await {
+                    Round::Renewed if self.ownership.holds_any() => {
+                        deadline = Some(self.fence_deadline(sent));
+                    }
+                    Round::Renewed => deadline = None,
+                    Round::NotRenewed => {}
+                    Round::Lost => return,
+                }
+                if round == 1 {
+                    // Joined, and asked for its first share.
+                    self.ownership.joined();
+                }
+                round += 1;
+                continue;
+            }
             if !self.ownership.holds_any() {
                 if self.try_take(interval).await {
                     deadline = Some(self.fence_deadline(sent));
@@ -122,7 +141,7 @@ impl Inner {
         // half-settled partitions (the next owner settles them).
         let inner = self.clone();
         tokio::spawn(async move {
-            match inner.recover().await {
+            match inner.recover(None).await {
                 Ok(()) => {
                     inner.ownership.start_serving();
                     inner.metrics.took_leases(taken_at.elapsed());
@@ -169,12 +188,58 @@ impl Inner {
 }
 
 impl Coordinator {
+    /// After the tenure ended unplanned: asks the store what became of the
+    /// partitions held then, until it answers or `patience` passes (a
+    /// coordinator cut off from the store hears back once the link is
+    /// healed). Leases still held are released at once, so that the next
+    /// owner need not wait for them to expire; those another member took
+    /// are refused (STALE_OWNER, which the store counts). Balanced
+    /// placement also leaves the member registry.
+    pub async fn settle_loss(&self, patience: Duration) {
+        let inner = &self.inner;
+        let tokens = inner.ownership.lost_tokens();
+        let member = inner.ownership.member().to_owned();
+        let until = Instant::now() + patience;
+        let interval = inner.config.ownership.renew_interval;
+        let ask = RenewLeases {
+            member: member.clone(),
+            tokens: tokens.clone(),
+            ttl_ms: inner.ttl_ms(),
+        };
+        while !tokens.is_empty() && Instant::now() < until {
+            match tokio::time::timeout(interval, inner.store.renew_leases(ask.clone())).await {
+                Ok(Ok(grant)) => {
+                    let still: Vec<_> = grant.granted.iter().filter_map(|l| l.token()).collect();
+                    tracing::warn!(
+                        taken = grant.refused.len(),
+                        released = still.len(),
+                        "the store's verdict on the partitions this coordinator held"
+                    );
+                    if !still.is_empty() {
+                        let _ =
+                            tokio::time::timeout(interval, inner.store.release_leases(still)).await;
+                    }
+                    break;
+                }
+                Ok(Err(_)) | Err(_) => {
+                    tokio::time::sleep(interval.min(until - Instant::now())).await
+                }
+            }
+        }
+        if inner.config.ownership.balanced() {
+            let _ = tokio::time::timeout(interval, inner.store.leave_member(&member)).await;
+        }
+    }
+
     /// A planned handover: stops admitting, lets executing runs finish for
     /// up to `drain_timeout`, then releases the leases so that another
     /// coordinator takes the partitions at once. Queued runs stay queued in
     /// the store and run on the next owner.
     pub async fn hand_over(&self, drain_timeout: Duration) {
         let inner = &self.inner;
+        if inner.config.ownership.balanced() {
+            inner.leave().await;
+        }
         inner.drain(drain_timeout).await;
         inner.stop_keeping.cancel();
         let tokens = inner.ownership.tokens();

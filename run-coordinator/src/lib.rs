@@ -29,6 +29,7 @@ mod leader;
 mod metrics;
 pub mod model;
 pub mod ownership;
+mod placement;
 mod recovery;
 pub mod run;
 pub mod runtime;

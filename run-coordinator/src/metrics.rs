@@ -36,7 +36,10 @@ pub(crate) struct CoordinatorMetrics {
     runs_finished: Family<StatusLabels, Counter>,
     ack_latency: Histogram,
     takeover: Histogram,
+    partition_moves: Family<DirectionLabels, Counter>,
 }
+
+type DirectionLabels = [(&'static str, &'static str); 1];
 
 /// `(outcome, reason)` of a Submit that was answered with a run.
 fn admission_labels(admission: Admission) -> AdmissionLabels {
@@ -55,7 +58,13 @@ impl Default for CoordinatorMetrics {
             runs_finished: Family::default(),
             ack_latency: latency_histogram(),
             takeover: latency_histogram(),
+            partition_moves: Family::default(),
         };
+        for direction in ["acquired", "handed_off"] {
+            metrics
+                .partition_moves
+                .get_or_create_owned(&[("direction", direction)]);
+        }
         // The usual series exist from the start, at zero, so that rates
         // over them are defined before the first event.
         for admission in [
@@ -105,7 +114,19 @@ impl CoordinatorMetrics {
             "Time from being granted partitions to serving them (recovery of the earlier owner's runs included)",
             self.takeover.clone(),
         );
+        registry.register(
+            "partition_moves",
+            "Partitions this coordinator took (acquired) or gave to another by a graceful handoff (handed_off)",
+            self.partition_moves.clone(),
+        );
         registry.register_collector(Box::new(LoadCollector(load)));
+    }
+
+    /// Counts partitions taken (`acquired`) or handed off (`handed_off`).
+    pub fn partitions_moved(&self, direction: &'static str, count: usize) {
+        self.partition_moves
+            .get_or_create(&[("direction", direction)])
+            .inc_by(count as u64);
     }
 
     /// Counts one Submit answer; an accepted one also times its ACK.

@@ -34,9 +34,30 @@ pub enum OwnershipMode {
     Lease,
 }
 
+/// Which partitions a lease-mode coordinator tries to hold (`--placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    /// Every partition on one coordinator, the others standing by (active/
+    /// standby).
+    AllOnOne,
+    /// The partitions spread over the live coordinators of the member
+    /// registry by rendezvous hashing; a join or a leave moves about 1/N of
+    /// them, each by a graceful handoff (`placement.rs`).
+    Balanced,
+}
+
 #[derive(Debug, Clone)]
 pub struct OwnershipConfig {
     pub mode: OwnershipMode,
+    /// Lease mode: which partitions this coordinator tries to hold.
+    pub placement: Placement,
+    /// Balanced placement: how long the executing runs of a partition being
+    /// handed to another coordinator may take to finish before they are
+    /// aborted (kind `handoff`).
+    pub handoff_timeout: Duration,
+    /// Balanced placement: most partitions this coordinator hands off at
+    /// once.
+    pub max_moves: usize,
     /// The gRPC address clients should use for this coordinator (the leader
     /// hint others give out).
     pub advertise_address: String,
@@ -50,6 +71,9 @@ impl Default for OwnershipConfig {
     fn default() -> Self {
         Self {
             mode: OwnershipMode::Static,
+            placement: Placement::AllOnOne,
+            handoff_timeout: Duration::from_secs(15),
+            max_moves: 16,
             advertise_address: String::new(),
             lease_ttl: Duration::from_secs(10),
             renew_interval: Duration::from_secs(2),
@@ -62,7 +86,17 @@ impl OwnershipConfig {
     /// lease-mode standby pointed at the same store by mistake waits this long.
     pub const STATIC_TTL: Duration = Duration::from_secs(3600);
 
+    pub fn balanced(&self) -> bool {
+        self.mode == OwnershipMode::Lease && self.placement == Placement::Balanced
+    }
+
     pub fn check(&self) -> Result<(), String> {
+        if self.placement == Placement::Balanced && self.mode != OwnershipMode::Lease {
+            return Err("--placement balanced needs --ownership lease".to_owned());
+        }
+        if self.balanced() && self.max_moves == 0 {
+            return Err("the most partitions moved at once must be at least 1".to_owned());
+        }
         if self.mode == OwnershipMode::Lease {
             if self.renew_interval.is_zero() || self.renew_interval * 2 > self.lease_ttl {
                 return Err(format!(
@@ -81,30 +115,66 @@ impl OwnershipConfig {
     }
 }
 
+/// What this instance does with one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Not held.
+    Free,
+    /// Held under this epoch; what an earlier owner left is being settled.
+    /// Writes go ahead, recovered runs start; nothing new is admitted.
+    Recovering(u64),
+    /// Held and served.
+    Serving(u64),
+    /// Being handed to another coordinator: nothing new is admitted or
+    /// started; executing runs finish (or are aborted), then it is released.
+    Draining(u64),
+}
+
+impl Slot {
+    fn epoch(self) -> Option<u64> {
+        match self {
+            Slot::Free => None,
+            Slot::Recovering(e) | Slot::Serving(e) | Slot::Draining(e) => Some(e),
+        }
+    }
+}
+
 pub struct Ownership {
     /// This instance's member id (its epoch string: one per process start).
     member: String,
     partition_count: u32,
-    /// The epoch under which each partition is held; `None`: not held.
-    held: RwLock<Vec<Option<u64>>>,
+    /// Each partition's slot, by partition.
+    held: RwLock<Vec<Slot>>,
     /// The address of the coordinator owning partitions this one does not.
     leader_hint: RwLock<Option<String>>,
+    /// Balanced placement: where each partition is served, as last seen
+    /// (empty: unknown), for the hint a NOT_OWNER gives.
+    owner_hints: RwLock<Vec<String>>,
+    /// Serving with no partition held is still serving (balanced placement:
+    /// a member may be given none).
+    serve_empty: bool,
     lost: CancellationToken,
     lost_reason: Mutex<Option<String>>,
+    /// The tokens held when the tenure ended, for the last word with the
+    /// store (`Coordinator::settle_loss`).
+    lost_tokens: Mutex<Vec<OwnerToken>>,
     /// Whether this instance serves: held partitions, settled. What gRPC
     /// health reports.
     serving: watch::Sender<bool>,
 }
 
 impl Ownership {
-    pub fn new(member: String, partition_count: u32) -> Self {
+    pub fn new(member: String, partition_count: u32, serve_empty: bool) -> Self {
         Self {
             member,
             partition_count,
-            held: RwLock::new(vec![None; partition_count as usize]),
+            held: RwLock::new(vec![Slot::Free; partition_count as usize]),
             leader_hint: RwLock::new(None),
+            owner_hints: RwLock::new(vec![String::new(); partition_count as usize]),
+            serve_empty,
             lost: CancellationToken::new(),
             lost_reason: Mutex::new(None),
+            lost_tokens: Mutex::new(Vec::new()),
             serving: watch::Sender::new(false),
         }
     }
@@ -121,24 +191,113 @@ impl Ownership {
         partition_of(key.as_str(), self.partition_count)
     }
 
-    /// Records leases this member was granted.
+    /// Records leases this member was granted; they are recovering until
+    /// `serve` (or `start_serving`).
     pub fn hold(&self, granted: &[Lease]) {
         let mut held = self.held.write().unwrap();
         for lease in granted {
             if lease.owner.as_deref() == Some(self.member.as_str())
                 && let Some(slot) = held.get_mut(lease.partition as usize)
             {
-                *slot = Some(lease.epoch);
+                *slot = Slot::Recovering(lease.epoch);
             }
         }
     }
 
-    /// Starts serving the held partitions: called once what an earlier
-    /// owner left in them is settled (recovery), not before, so nobody reads
-    /// a run of theirs half-settled.
+    /// Serves these recovering partitions: called once what an earlier
+    /// owner left in them is settled, not before, so that a new run cannot
+    /// overtake one of theirs in its lane.
+    pub fn serve(&self, partitions: &[u32]) {
+        let mut held = self.held.write().unwrap();
+        for &partition in partitions {
+            if let Some(slot) = held.get_mut(partition as usize)
+                && let Slot::Recovering(epoch) = *slot
+            {
+                *slot = Slot::Serving(epoch);
+            }
+        }
+    }
+
+    /// Starts serving: every recovering partition is served, and the
+    /// instance reports SERVING (while it holds any, or always with
+    /// balanced placement).
     pub fn start_serving(&self) {
-        let any = self.held.read().unwrap().iter().any(Option::is_some);
-        self.serving.send_replace(any && !self.lost.is_cancelled());
+        let mut held = self.held.write().unwrap();
+        for slot in held.iter_mut() {
+            if let Slot::Recovering(epoch) = *slot {
+                *slot = Slot::Serving(epoch);
+            }
+        }
+        let any = held.iter().any(|s| s.epoch().is_some());
+        drop(held);
+        self.serving
+            .send_replace((any || self.serve_empty) && !self.lost.is_cancelled());
+    }
+
+    /// Balanced placement: the member has joined and serves the partitions
+    /// it has recovered (each as `serve` says); reports SERVING.
+    pub fn joined(&self) {
+        self.serving.send_replace(!self.lost.is_cancelled());
+    }
+
+    /// Stops admitting to these partitions: they are being handed off.
+    pub fn drain(&self, partitions: &[u32]) {
+        let mut held = self.held.write().unwrap();
+        for &partition in partitions {
+            if let Some(slot) = held.get_mut(partition as usize)
+                && let Some(epoch) = slot.epoch()
+            {
+                *slot = Slot::Draining(epoch);
+            }
+        }
+    }
+
+    /// Forgets partitions this instance released (or never got back).
+    pub fn forget(&self, partitions: &[u32]) {
+        let mut held = self.held.write().unwrap();
+        for &partition in partitions {
+            if let Some(slot) = held.get_mut(partition as usize) {
+                *slot = Slot::Free;
+            }
+        }
+    }
+
+    /// The partitions held, with whether each is being handed off.
+    pub fn held(&self) -> Vec<(u32, bool)> {
+        let held = self.held.read().unwrap();
+        held.iter()
+            .enumerate()
+            .filter(|(_, s)| s.epoch().is_some())
+            .map(|(p, s)| (p as u32, matches!(s, Slot::Draining(_))))
+            .collect()
+    }
+
+    /// Records where each partition is served (balanced placement's lease
+    /// table), for NOT_OWNER hints.
+    pub fn set_owner_hints(&self, leases: &[Lease], now_ms: i64) {
+        let mut hints = self.owner_hints.write().unwrap();
+        for lease in leases {
+            if let Some(hint) = hints.get_mut(lease.partition as usize) {
+                let live = lease.owner.is_some() && lease.expires_at_ms > now_ms;
+                hint.clear();
+                if live && lease.owner.as_deref() != Some(self.member.as_str()) {
+                    hint.push_str(&lease.address);
+                }
+            }
+        }
+    }
+
+    /// Points the hint of partitions being handed off at their successor.
+    pub fn hint_successor(&self, partition: u32, address: &str) {
+        if let Some(hint) = self
+            .owner_hints
+            .write()
+            .unwrap()
+            .get_mut(partition as usize)
+        {
+            hint.clear();
+            hint.push_str(address);
+        }
     }
 
     /// Whether this instance serves: it holds partitions and has settled
@@ -154,7 +313,7 @@ impl Ownership {
             .write()
             .unwrap()
             .iter_mut()
-            .for_each(|e| *e = None);
+            .for_each(|e| *e = Slot::Free);
         self.serving.send_replace(false);
     }
 
@@ -168,8 +327,8 @@ impl Ownership {
         let held = self.held.read().unwrap();
         held.iter()
             .enumerate()
-            .filter_map(|(partition, epoch)| {
-                epoch.map(|epoch| OwnerToken {
+            .filter_map(|(partition, slot)| {
+                slot.epoch().map(|epoch| OwnerToken {
                     partition: partition as u32,
                     member: self.member.clone(),
                     epoch,
@@ -185,11 +344,54 @@ impl Ownership {
                 .read()
                 .unwrap()
                 .get(partition as usize)
-                .is_some_and(Option::is_some)
+                .is_some_and(|s| s.epoch().is_some())
+    }
+
+    fn epoch_of(&self, partition: u32) -> Option<u64> {
+        self.held
+            .read()
+            .unwrap()
+            .get(partition as usize)
+            .and_then(|s| s.epoch())
+    }
+
+    /// Whether queued runs of `partition` may start: held and not being
+    /// handed off.
+    pub fn may_start(&self, partition: u32) -> bool {
+        !self.lost.is_cancelled()
+            && matches!(
+                self.held.read().unwrap().get(partition as usize),
+                Some(Slot::Recovering(_) | Slot::Serving(_))
+            )
     }
 
     pub fn holds_any(&self) -> bool {
-        !self.lost.is_cancelled() && self.held.read().unwrap().iter().any(Option::is_some)
+        !self.lost.is_cancelled()
+            && self
+                .held
+                .read()
+                .unwrap()
+                .iter()
+                .any(|s| s.epoch().is_some())
+    }
+
+    /// The token a new run of `key` is admitted under, or NOT_OWNER when
+    /// this instance does not serve the key's partition: not held, still
+    /// recovering, or being handed off.
+    pub fn admission_token(&self, key: &SessionKey) -> CoordinatorResult<OwnerToken> {
+        let partition = self.partition(key);
+        let slot = match self.lost.is_cancelled() {
+            true => Slot::Free,
+            false => self.held.read().unwrap()[partition as usize],
+        };
+        match slot {
+            Slot::Serving(epoch) => Ok(OwnerToken {
+                partition,
+                member: self.member.clone(),
+                epoch,
+            }),
+            _ => Err(self.not_owner(partition)),
+        }
     }
 
     /// The token a write to `key` carries, or NOT_OWNER when this instance
@@ -198,7 +400,7 @@ impl Ownership {
         let partition = self.partition(key);
         let epoch = match self.lost.is_cancelled() {
             true => None,
-            false => self.held.read().unwrap()[partition as usize],
+            false => self.held.read().unwrap()[partition as usize].epoch(),
         };
         epoch
             .map(|epoch| OwnerToken {
@@ -211,12 +413,19 @@ impl Ownership {
 
     pub fn not_owner(&self, partition: u32) -> CoordinatorError {
         let reason = self.lost_reason.lock().unwrap().clone();
+        let hint = self
+            .owner_hints
+            .read()
+            .unwrap()
+            .get(partition as usize)
+            .filter(|a| !a.is_empty())
+            .cloned();
         CoordinatorError::NotOwner {
             message: match reason {
                 Some(reason) => format!("this coordinator lost its partitions: {reason}"),
-                None => format!("this coordinator does not own partition {partition}"),
+                None => format!("this coordinator does not serve partition {partition}"),
             },
-            leader: self.leader_hint.read().unwrap().clone(),
+            leader: hint.or_else(|| self.leader_hint.read().unwrap().clone()),
         }
     }
 
@@ -237,11 +446,23 @@ impl Ownership {
         *self.leader_hint.write().unwrap() = address.filter(|a| !a.is_empty());
     }
 
-    /// Looks at a store result: a STALE_OWNER refusal ends the tenure.
+    /// Looks at a store result: a STALE_OWNER refusal of a write to a
+    /// partition this instance holds ends the tenure (fail-stop: the process
+    /// exits and comes back as a new member). A refusal for a partition it
+    /// already gave up is the late write of a handoff, and only fails that
+    /// write.
     pub fn observe(&self, err: &StoreError) {
         if let StoreError::StaleOwner { message, current } = err {
-            if let Some(owner) = current.as_deref() {
-                self.set_leader_hint(Some(owner.address.clone()));
+            if let Some(lease) = current.as_deref() {
+                let held = self.epoch_of(lease.partition);
+                let ours_now = lease.owner.as_deref() == Some(self.member.as_str())
+                    && held == Some(lease.epoch);
+                // Not held, or held again under a newer tenure than the
+                // refused write's: nothing this instance holds was lost.
+                if held.is_none() || ours_now {
+                    return;
+                }
+                self.set_leader_hint(Some(lease.address.clone()));
             }
             self.lose(format!(
                 "the store refused a write (STALE_OWNER): {message}"
@@ -256,13 +477,14 @@ impl Ownership {
             if kept.is_none() {
                 tracing::error!(member = %self.member, %reason, "ownership lost; this coordinator stops");
                 *kept = Some(reason);
+                *self.lost_tokens.lock().unwrap() = self.tokens();
             }
         }
         self.held
             .write()
             .unwrap()
             .iter_mut()
-            .for_each(|e| *e = None);
+            .for_each(|e| *e = Slot::Free);
         self.lost.cancel();
         self.serving.send_replace(false);
     }
@@ -270,6 +492,11 @@ impl Ownership {
     /// Fires once the tenure has ended.
     pub fn lost(&self) -> CancellationToken {
         self.lost.clone()
+    }
+
+    /// The tokens held when the tenure ended.
+    pub fn lost_tokens(&self) -> Vec<OwnerToken> {
+        self.lost_tokens.lock().unwrap().clone()
     }
 
     pub fn lost_reason(&self) -> Option<String> {

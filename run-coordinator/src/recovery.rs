@@ -21,15 +21,21 @@ use session_store_api::model::{AcquireMode, AcquireWriter, ExpectedSession, RunR
 use crate::coordinator::{Inner, spec_of};
 use crate::error::CoordinatorResult;
 use crate::model::{Outcome, RunErrorInfo, RunStatus};
-use crate::run::Run;
+use crate::run::{Phase, Run};
 
 impl Inner {
-    pub(crate) async fn recover(self: &Arc<Self>) -> CoordinatorResult<()> {
+    /// Settles the unfinished runs of the held partitions (`only`: of these
+    /// partitions) that this instance's memory does not hold: an earlier
+    /// owner's, or its own from a tenure it gave up (queued runs it left in
+    /// the store on a handoff).
+    pub(crate) async fn recover(self: &Arc<Self>, only: Option<&[u32]>) -> CoordinatorResult<()> {
         let records = self.store.list_active_runs(None).await?;
         let (mut lost, mut requeued) = (0, 0);
         for record in records {
             let key = SessionKey::from_stored(record.session_key.clone());
-            if record.owner == self.epoch || !self.ownership.holds(self.ownership.partition(&key)) {
+            let partition = self.ownership.partition(&key);
+            let wanted = only.is_none_or(|only| only.contains(&partition));
+            if !wanted || !self.ownership.holds(partition) || self.is_live(&record.run_id) {
                 continue;
             }
             match record.status {
@@ -48,6 +54,14 @@ impl Inner {
             tracing::info!(lost, requeued, epoch = %self.epoch, "recovered runs of an earlier instance");
         }
         Ok(())
+    }
+
+    /// Whether the run is this instance's and not finished.
+    fn is_live(&self, run_id: &str) -> bool {
+        self.lock()
+            .runs
+            .get(run_id)
+            .is_some_and(|run| run.state().phase != Phase::Terminal)
     }
 
     async fn mark_lost(&self, record: &RunRecord) -> CoordinatorResult<()> {

@@ -128,6 +128,9 @@ pub struct Run {
     pub created_at_ms: i64,
     pub epoch: String,
     pub cancel: CancellationToken,
+    /// Fires when the run leaves this instance without ending here: a
+    /// queued run whose partition was handed to another coordinator.
+    pub moved: CancellationToken,
     pub trace: RunTrace,
     /// Messages steered into this run while it runs.
     pub inputs: crate::runtime::Inputs,
@@ -153,6 +156,7 @@ impl Run {
             created_at_ms,
             epoch,
             cancel: CancellationToken::new(),
+            moved: CancellationToken::new(),
             trace: RunTrace::default(),
             inputs: Default::default(),
             state: Mutex::new(RunState {

@@ -110,6 +110,9 @@ pub async fn serve_coordinator(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let drain_timeout = options.drain_timeout;
+    // How long a coordinator that lost its tenure keeps asking the store
+    // for its verdict before it exits.
+    let settle_patience = 2 * coordinator.inner.config.ownership.lease_ttl;
     let _metrics_server = options.metrics_listener.map(|listener| {
         let mut registry = clawgate_telemetry::metrics::service_registry();
         coordinator.register_metrics(&mut registry);
@@ -164,6 +167,7 @@ pub async fn serve_coordinator(
                     // Nothing this instance still writes can land:
                     // abort at once; the new owner settles the runs.
                     coordinator.drain(Duration::ZERO).await;
+                    coordinator.settle_loss(settle_patience).await;
                 }
                 stopping.cancel();
             }

@@ -8,33 +8,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Recording, eventually};
+use common::{Recording, eventually, request};
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::coordinator::Coordinator;
 use run_coordinator::error::CoordinatorError;
-use run_coordinator::model::{QueueMode, RunSpec, RunStatus, SubmitRequest};
+use run_coordinator::model::RunStatus;
 use run_coordinator::ownership::{OwnershipConfig, OwnershipMode};
-use session_store::SessionKey;
 use session_store::SessionStore;
 use session_store::backend::memory::MemoryStore;
-
-fn request(run_id: &str, session: &str) -> SubmitRequest {
-    SubmitRequest {
-        run_id: run_id.into(),
-        session_key: SessionKey::parse(session).unwrap(),
-        spec: RunSpec {
-            kind: "chat".into(),
-            message: format!("message of {run_id}"),
-            queue_mode: QueueMode::Enqueue,
-            timeout_ms: None,
-            options: serde_json::json!({}),
-            requester: String::new(),
-            label: None,
-            attachments: Vec::new(),
-        },
-        expected_settings: None,
-    }
-}
 
 fn config(mode: OwnershipMode, address: &str) -> CoordinatorConfig {
     CoordinatorConfig {
@@ -43,6 +24,7 @@ fn config(mode: OwnershipMode, address: &str) -> CoordinatorConfig {
             advertise_address: address.into(),
             lease_ttl: Duration::from_millis(600),
             renew_interval: Duration::from_millis(100),
+            ..OwnershipConfig::default()
         },
         ..CoordinatorConfig::default()
     }

@@ -270,6 +270,25 @@ impl Cluster {
     }
 }
 
+/// An in-process Submit of a chat turn (`enqueue`) to `session`.
+pub fn request(run_id: &str, session: &str) -> run_coordinator::model::SubmitRequest {
+    run_coordinator::model::SubmitRequest {
+        run_id: run_id.into(),
+        session_key: session_store::SessionKey::parse(session).unwrap(),
+        spec: run_coordinator::model::RunSpec {
+            kind: "chat".into(),
+            message: format!("message of {run_id}"),
+            queue_mode: run_coordinator::model::QueueMode::Enqueue,
+            timeout_ms: None,
+            options: serde_json::json!({}),
+            requester: String::new(),
+            label: None,
+            attachments: Vec::new(),
+        },
+        expected_settings: None,
+    }
+}
+
 pub fn submit_req(run_id: &str, session: &str, message: &str) -> pb::SubmitRequest {
     pb::SubmitRequest {
         run_id: run_id.into(),
