@@ -49,18 +49,31 @@ pub struct EdgeConfig {
     /// Address the WebSocket (and /healthz, /readyz) server listens on.
     #[arg(long, env = "EDGE_LISTEN", default_value = "127.0.0.1:18789")]
     pub listen: SocketAddr,
-    /// The run coordinator's gRPC address; several, comma-separated, for a
-    /// leader and its standbys (the edge follows the leader).
+    /// The run coordinator's gRPC address; several, comma-separated: a
+    /// leader and its standbys, or coordinators sharing the partitions. The
+    /// edge routes each call to its session's owner by the store's leases;
+    /// these are where it starts and what it falls back on.
     #[arg(
         long,
         env = "EDGE_COORDINATOR_ADDRESS",
         default_value = "http://127.0.0.1:50062"
     )]
     pub coordinator_address: String,
-    /// How long a call keeps following the coordinator leader through a
-    /// failover (retrying on UNAVAILABLE) before it fails.
+    /// How long a call keeps following its coordinator through a failover
+    /// (retrying on UNAVAILABLE) before it fails.
     #[arg(long, env = "EDGE_COORDINATOR_FAILOVER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub coordinator_failover_timeout: Duration,
+    /// Most runs whose session the edge remembers, so that calls naming only
+    /// a run (agent.wait, runs.resume, chat.abort of a run) go to the
+    /// coordinator owning that session; a run not remembered is looked up in
+    /// the store. 0: always looked up.
+    #[arg(long, env = "EDGE_COORDINATOR_RUN_ROUTES", default_value_t = clawgate_coordinator_client::RouterConfig::DEFAULT_RUN_ROUTES)]
+    pub coordinator_run_routes: usize,
+    /// How often the store looks for changes of the partition leases for the
+    /// edge's map of which coordinator owns which sessions (WatchLeases; the
+    /// store makes it 100 ms at least).
+    #[arg(long, env = "EDGE_COORDINATOR_LEASE_WATCH_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub coordinator_lease_watch_interval: Duration,
     /// HTTP/2 keepalive interval (and timeout) on coordinator connections: a
     /// coordinator that stops answering is given up after about twice this.
     #[arg(long, env = "EDGE_COORDINATOR_KEEPALIVE", default_value = "2s", value_parser = parse_duration)]

@@ -18,22 +18,22 @@ use tonic::transport::Endpoint;
 
 use crate::config::{AuthMode, EdgeConfig};
 use crate::conn::Conn;
-use crate::coordinators::Coordinators;
+use crate::coordinators::{Router, RouterConfig};
 use crate::handshake::{ConnectParams, Rejection, auth_failure};
 use crate::metrics::EdgeMetrics;
 
 /// The gRPC services behind the edge.
 #[derive(Clone)]
 pub struct Backends {
-    /// The run coordinators (the edge follows their leader).
-    pub coordinator: Arc<Coordinators>,
+    /// The run coordinators, each call routed to its session's owner.
+    pub coordinator: Arc<Router>,
     pub store: RemoteStore,
 }
 
 impl Backends {
     /// Lazy channels: the edge starts even if its backends are not up yet.
-    /// The coordinator address is one or several, comma-separated; calls
-    /// that meet UNAVAILABLE follow the leader (`coordinators.rs`).
+    /// The coordinator address is one or several, comma-separated: where
+    /// the routing starts and what it falls back on (`coordinators.rs`).
     pub fn connect_lazy(config: &EdgeConfig) -> anyhow::Result<Self> {
         let store = config.store_address.as_str();
         let endpoint = Endpoint::from_shared(store.to_owned())?
@@ -45,14 +45,14 @@ impl Backends {
             endpoint.uri(),
             tokens,
         ));
+        let mut routing = RouterConfig::new(&config.coordinator_address)?;
+        routing.failover_timeout = config.coordinator_failover_timeout;
+        routing.keepalive = config.coordinator_keepalive;
+        routing.tokens = tokens.cloned();
+        routing.run_routes = config.coordinator_run_routes;
+        routing.lease_watch_interval = config.coordinator_lease_watch_interval;
         Ok(Self {
-            coordinator: Arc::new(Coordinators::new(
-                &config.coordinator_address,
-                store.clone(),
-                config.coordinator_failover_timeout,
-                config.coordinator_keepalive,
-                tokens.cloned(),
-            )?),
+            coordinator: Arc::new(Router::new(routing, store.clone())?),
             store,
         })
     }

@@ -314,7 +314,7 @@ pub fn deliver_unfiltered(conn: &Conn, outgoing: &[Outgoing]) {
 
 /// Follows the coordinator leader's event stream forever, reconnecting with
 /// backoff. A stream that ends or fails moves to the coordinator
-/// `Coordinators::follow_leader` picks. When the stream starts over under
+/// `Router::follow` picks. When the stream starts over under
 /// another epoch (a failover, a restart), the runs this edge saw start and
 /// not end are looked up on the coordinator now serving: one that ended
 /// meanwhile (`lost` in a failover, say) reaches clients as its terminal
@@ -340,7 +340,9 @@ pub async fn run(edge: Arc<Edge>) {
             epoch,
         };
         let address = edge.backends.coordinator.current_address();
-        let mut client = edge.backends.coordinator.client();
+        let Ok(mut client) = edge.backends.coordinator.client_at(&address) else {
+            return;
+        };
         let mut hint = None;
         // A reset is an answer, not a failure: resubscribe live at once, to
         // the same coordinator.
@@ -409,10 +411,7 @@ pub async fn run(edge: Arc<Edge>) {
         if was_reset {
             continue;
         }
-        edge.backends
-            .coordinator
-            .follow_leader(&address, hint)
-            .await;
+        edge.backends.coordinator.follow(&address, hint).await;
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
