@@ -260,27 +260,28 @@ pub struct ClientInfo {
 }
 
 /// Per-connection run bookkeeping for `runs.resume`: the runs that arrive
-/// through a resume stream instead of the broadcast, and which stretch of
-/// the coordinator's all-runs stream the broadcast delivered here.
+/// through a resume stream instead of the broadcast, and which stretches of
+/// the coordinators' all-runs streams the broadcast delivered here.
 ///
 /// The broadcast and the switch of a run to its resume stream happen under
 /// this one lock, so for every event of a run exactly one of them delivers
 /// it to the connection: the broadcast up to the switch, the resume stream
-/// after it. Together with [`BroadcastSpan`] this makes replay-then-live
+/// after it. Together with [`BroadcastSpans`] this makes replay-then-live
 /// have no gap and no duplicate whichever comes first, the resume request or
 /// some of the run's broadcast events.
 #[derive(Default)]
 pub struct ConnRuns {
     pub resuming: HashSet<String>,
-    /// What the broadcast has delivered here; `None` before its first event.
-    pub broadcast: Option<BroadcastSpan>,
+    /// What the broadcast has delivered here, per coordinator stream.
+    pub broadcast: BroadcastSpans,
 }
 
-/// The broadcast delivered this connection every event of the coordinator's
-/// all-runs stream from `first` to `last` (`stream_seq`, in `epoch`), except
-/// those of runs it was resuming at the time, which the resume stream
-/// delivered. The fanout's stream is contiguous within one `segment`; a new
-/// segment (the fanout resubscribed after a reset) starts a new span.
+/// The broadcast delivered this connection every event of one
+/// coordinator's all-runs stream from `first` to `last` (`stream_seq`, in
+/// `epoch`), except those of runs it was resuming at the time, which the
+/// resume stream delivered. The fanout's stream is contiguous within one
+/// `segment`; a new segment (the fanout resubscribed after a reset) starts
+/// a new span.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BroadcastSpan {
     pub segment: u64,
@@ -296,23 +297,65 @@ impl BroadcastSpan {
     }
 }
 
+/// Most coordinator streams whose span a connection keeps (the newest).
+pub const MAX_BROADCAST_SPANS: usize = 16;
+
+/// One [`BroadcastSpan`] per coordinator epoch: the fanout follows one
+/// all-runs stream per coordinator, each numbered by its own epoch and
+/// `stream_seq`, their events interleaved. Kept per epoch, each span stays
+/// contiguous.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BroadcastSpans {
+    /// Oldest first.
+    spans: Vec<BroadcastSpan>,
+}
+
+impl BroadcastSpans {
+    /// Whether the broadcast already delivered this event here.
+    pub fn covers(&self, epoch: &str, stream_seq: u64) -> bool {
+        self.spans.iter().any(|s| s.covers(epoch, stream_seq))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The span of `epoch`, if the broadcast delivered any of its events.
+    pub fn of_epoch(&self, epoch: &str) -> Option<&BroadcastSpan> {
+        self.spans.iter().find(|s| s.epoch == epoch)
+    }
+
+    fn note(&mut self, segment: u64, epoch: &str, stream_seq: u64) {
+        if let Some(at) = self.spans.iter().position(|s| s.epoch == epoch) {
+            let span = &mut self.spans[at];
+            if span.segment == segment {
+                span.last = stream_seq;
+                return;
+            }
+            self.spans.remove(at);
+        }
+        if self.spans.len() >= MAX_BROADCAST_SPANS {
+            self.spans.remove(0);
+        }
+        self.spans.push(BroadcastSpan {
+            segment,
+            epoch: epoch.to_owned(),
+            first: stream_seq,
+            last: stream_seq,
+        });
+    }
+
+    fn clear(&mut self) {
+        self.spans.clear();
+    }
+}
+
 impl ConnRuns {
     /// Notes that the broadcast handled the event at `stream_seq` (of
-    /// `segment`, `epoch`) for this connection.
+    /// `segment`, `epoch`) for this connection. Segments are numbered
+    /// across all the fanout's streams, so one names one stream's stretch.
     pub fn note_broadcast(&mut self, segment: u64, epoch: &str, stream_seq: u64) {
-        match &mut self.broadcast {
-            Some(span) if span.segment == segment && span.epoch == epoch => {
-                span.last = stream_seq;
-            }
-            span => {
-                *span = Some(BroadcastSpan {
-                    segment,
-                    epoch: epoch.to_owned(),
-                    first: stream_seq,
-                    last: stream_seq,
-                });
-            }
-        }
+        self.broadcast.note(segment, epoch, stream_seq);
     }
 }
 
@@ -335,10 +378,10 @@ impl Conn {
     }
 
     /// Switches a run to its resume stream. From now on the broadcast skips
-    /// the run here; the events it delivered before are the returned span's
+    /// the run here; the events it delivered before are the returned spans'
     /// (the resume stream skips those). `None`: the run is being resumed on
     /// this connection already.
-    pub fn start_resume(&self, run_id: &str) -> Option<Option<BroadcastSpan>> {
+    pub fn start_resume(&self, run_id: &str) -> Option<BroadcastSpans> {
         let mut runs = self.runs.lock().unwrap();
         runs.resuming
             .insert(run_id.to_owned())
@@ -348,14 +391,53 @@ impl Conn {
     /// Hands a run back to the broadcast. `completed`: the resume stream
     /// delivered the run to its end. When it did not (the stream broke),
     /// events the broadcast skipped meanwhile reached nobody here, and the
-    /// span would claim they had: it is dropped, so that a later resume
+    /// spans would claim they had: they are dropped, so that a later resume
     /// repeats events (which a client can recognise by their `seq`) rather
     /// than leave a gap.
     pub fn end_resume(&self, run_id: &str, completed: bool) {
         let mut runs = self.runs.lock().unwrap();
         runs.resuming.remove(run_id);
         if !completed {
-            runs.broadcast = None;
+            runs.broadcast.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_of_interleaved_streams_stay_apart() {
+        let mut runs = ConnRuns::default();
+        // Two coordinators' streams (segments 1 and 2), interleaved.
+        runs.note_broadcast(1, "a", 10);
+        runs.note_broadcast(2, "b", 3);
+        runs.note_broadcast(1, "a", 11);
+        runs.note_broadcast(2, "b", 4);
+        runs.note_broadcast(1, "a", 12);
+        let spans = &runs.broadcast;
+        assert!(spans.covers("a", 10) && spans.covers("a", 12));
+        assert!(spans.covers("b", 3) && spans.covers("b", 4));
+        assert!(!spans.covers("a", 9) && !spans.covers("a", 13));
+        assert!(!spans.covers("b", 5) && !spans.covers("c", 4));
+        // A's stream starts over (a reset: a new segment): its span starts
+        // again, B's is untouched.
+        runs.note_broadcast(3, "a", 20);
+        let spans = &runs.broadcast;
+        assert!(!spans.covers("a", 12) && spans.covers("a", 20));
+        assert!(spans.covers("b", 3));
+        assert_eq!(spans.of_epoch("a").unwrap().first, 20);
+    }
+
+    #[test]
+    fn past_the_bound_the_oldest_streams_span_goes() {
+        let mut runs = ConnRuns::default();
+        for n in 0..=MAX_BROADCAST_SPANS as u64 {
+            runs.note_broadcast(n, &format!("e{n}"), 1);
+        }
+        assert!(!runs.broadcast.covers("e0", 1));
+        assert!(runs.broadcast.covers("e1", 1));
+        assert!(runs.broadcast.covers(&format!("e{MAX_BROADCAST_SPANS}"), 1));
     }
 }

@@ -87,12 +87,15 @@ pub struct Edge {
     /// Fires on shutdown: every connection gets `shutdown` and closes 1012.
     pub shutdown: CancellationToken,
     pub device_tokens: crate::device::DeviceTokens,
-    /// The coordinator event stream is open (what `/readyz` reports).
+    /// The coordinators' event streams (`fanin.rs`).
+    pub fanin: crate::fanin::FanIn,
+    /// Every coordinator event stream the fan-in wants is open (what
+    /// `/readyz` reports).
     pub fanout_ready: std::sync::atomic::AtomicBool,
     pub metrics: Arc<EdgeMetrics>,
     /// Runs this edge accepted and has not seen end: after a coordinator
-    /// failover the fanout looks each up (`fanout::settle`), so that a run
-    /// whose end happened out of its sight still reaches clients.
+    /// failover the fan-in looks each up (`fanin.rs`), so that a run whose
+    /// end happened out of its sight still reaches clients.
     pub awaited: Mutex<HashSet<String>>,
     /// Sessions' settings, for sends (`settings_cache`).
     pub settings_cache: crate::settings_cache::SettingsCache,
@@ -170,6 +173,7 @@ impl Edge {
             auth_failures: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             device_tokens,
+            fanin: Default::default(),
             fanout_ready: std::sync::atomic::AtomicBool::new(false),
             metrics: Arc::default(),
             awaited: Mutex::new(HashSet::new()),
@@ -177,13 +181,21 @@ impl Edge {
         })
     }
 
-    /// Remembers an accepted run until its end is seen.
+    /// Remembers a run until its end is seen. Called before its Submit: a
+    /// coordinator event stream that opens while the Submit is on its way
+    /// looks up the awaited runs of its partitions (`fanin.rs`), so a run
+    /// that starts before that stream is open cannot end unseen.
     pub fn await_run(&self, run_id: &str) {
         let mut awaited = self.awaited.lock().unwrap();
         if awaited.len() >= MAX_AWAITED_RUNS {
             awaited.clear();
         }
         awaited.insert(run_id.to_owned());
+    }
+
+    /// Forgets an awaited run (its Submit failed, or it had ended).
+    pub fn unawait_run(&self, run_id: &str) {
+        self.awaited.lock().unwrap().remove(run_id);
     }
 
     pub fn next_conn_id(&self) -> u64 {

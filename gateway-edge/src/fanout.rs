@@ -1,11 +1,12 @@
-//! Run events from the coordinator to the clients. Each edge holds ONE
-//! multiplexed `Subscribe(all)` stream (resumed from the last `stream_seq`
-//! after a coordinator restart or a broken stream) and turns every run event
-//! into the protocol's `agent` and `chat` events for its own connections.
+//! Run events from the coordinators to the clients: every run event of the
+//! fan-in's streams (`fanin.rs`: one `Subscribe(all)` per coordinator that
+//! owns partitions) is turned into the protocol's `agent` and `chat` events
+//! here and delivered to this edge's connections.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+
+use tokio::time::Instant;
 
 use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
@@ -41,18 +42,45 @@ pub struct Outgoing {
 }
 
 /// What the translation remembers per run: the text so far (for `final`
-/// and `aborted` chat events) and when it started.
+/// and `aborted` chat events) and when it started; for the fan-in, which
+/// stream its events came from and the runs to look up.
 #[derive(Default)]
 pub struct RunMemory {
-    runs: HashMap<String, (String, i64)>,
+    runs: HashMap<String, RunEntry>,
     /// Runs whose terminal events were sent from their snapshot after a
     /// failover (`settle`): a terminal event arriving later for one of them
     /// is a repeat and is left out.
     settled: HashSet<String>,
+    /// Runs whose end may have happened out of this edge's sight (their
+    /// stream started over, or their partition moved): looked up on the
+    /// coordinator owning them now until terminal (`fanin.rs`). A terminal
+    /// event from a stream takes a run off.
+    pub(crate) pending: HashMap<String, Pending>,
+}
+
+#[derive(Default)]
+struct RunEntry {
+    text: String,
+    started: i64,
+    session_key: String,
+    /// The fan-in stream its last event came from (0: none).
+    stream: u64,
+}
+
+/// A run to look up (see `RunMemory::pending`).
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    /// Given up after this (a run still not terminal by then ends through
+    /// its stream, if at all).
+    pub deadline: Instant,
+    pub next_attempt: Instant,
+    pub in_flight: bool,
+    /// Looked up at least once (only then is it given up on).
+    pub attempted: bool,
 }
 
 /// Most runs remembered as settled (each is forgotten when its repeat
-/// arrives, or with the memory at the next stream reset).
+/// arrives).
 const MAX_SETTLED: usize = 10_000;
 
 /// The name of a run status on the wire.
@@ -88,9 +116,27 @@ pub fn stop_reason_for(status: &str, stop_reason: Option<&str>) -> String {
 }
 
 impl RunMemory {
-    /// Runs that started and have not ended, as far as this memory knows.
-    pub fn unfinished(&self) -> Vec<String> {
-        self.runs.keys().cloned().collect()
+    /// Runs that started and have not ended, as far as this memory knows,
+    /// each with its session key and the stream its events came from.
+    pub fn unfinished(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.runs
+            .iter()
+            .map(|(id, e)| (id.as_str(), e.session_key.as_str(), e.stream))
+    }
+
+    pub fn knows(&self, run_id: &str) -> bool {
+        self.runs.contains_key(run_id)
+    }
+
+    /// Forgets the runs of `stream` (it started over: what it said of them
+    /// may be stale).
+    pub fn forget_stream(&mut self, stream: u64) {
+        self.runs.retain(|_, e| e.stream != stream);
+    }
+
+    /// Forgets one run (given up on).
+    pub fn forget(&mut self, run_id: &str) {
+        self.runs.remove(run_id);
     }
 
     /// The protocol events that end a run, from its terminal snapshot: for
@@ -121,11 +167,16 @@ impl RunMemory {
                 error: snapshot.error.clone(),
             })),
         };
-        if let Some(entry) = self.runs.get_mut(&snapshot.run_id)
-            && entry.0.is_empty()
-        {
-            entry.0 = snapshot.text.clone();
+        // The final text: the run's own when this memory has none (a run
+        // it never saw, or forgot at a reset).
+        let entry = self.runs.entry(snapshot.run_id.clone()).or_default();
+        if entry.text.is_empty() {
+            entry.text = snapshot.text.clone();
         }
+        if entry.started == 0 {
+            entry.started = snapshot.started_at_ms.unwrap_or_default();
+        }
+        self.pending.remove(&snapshot.run_id);
         let outgoing = self.translate(&event);
         if self.settled.len() >= MAX_SETTLED {
             self.settled.clear();
@@ -136,6 +187,11 @@ impl RunMemory {
 
     /// The protocol events for one run event.
     pub fn translate(&mut self, event: &pb::RunEvent) -> Vec<Outgoing> {
+        self.translate_from(0, event)
+    }
+
+    /// `translate` of an event of the fan-in's stream `stream`.
+    pub fn translate_from(&mut self, stream: u64, event: &pb::RunEvent) -> Vec<Outgoing> {
         use pb::run_event::Body;
         let run_id = &event.run_id;
         let session_key = &event.session_key;
@@ -155,8 +211,15 @@ impl RunMemory {
         let mut out = Vec::new();
         match &event.body {
             Some(Body::Lifecycle(life)) if life.phase == pb::lifecycle::Phase::Start as i32 => {
-                self.runs
-                    .insert(run_id.clone(), (String::new(), event.ts_ms));
+                self.runs.insert(
+                    run_id.clone(),
+                    RunEntry {
+                        text: String::new(),
+                        started: event.ts_ms,
+                        session_key: session_key.clone(),
+                        stream,
+                    },
+                );
                 out.push(plain(
                     "agent",
                     agent(
@@ -174,7 +237,7 @@ impl RunMemory {
             }
             Some(Body::Lifecycle(_)) if self.settled.remove(run_id) => {}
             Some(Body::Lifecycle(life)) => {
-                let (text, started) = self.runs.remove(run_id).unwrap_or_default();
+                let RunEntry { text, started, .. } = self.runs.remove(run_id).unwrap_or_default();
                 let status = status_name(life.status);
                 let stop_reason = stop_reason_for(status, life.stop_reason.as_deref());
                 let error = life.error.as_ref();
@@ -222,7 +285,11 @@ impl RunMemory {
             }
             Some(Body::Assistant(assistant)) => {
                 let entry = self.runs.entry(run_id.clone()).or_default();
-                entry.0 = assistant.text.clone();
+                entry.text = assistant.text.clone();
+                entry.stream = stream;
+                if entry.session_key.is_empty() {
+                    entry.session_key = session_key.clone();
+                }
                 // Assistant events carry the text so far, so a dropped one
                 // loses nothing the next one does not repeat: droppable.
                 out.push(Outgoing {
@@ -276,7 +343,8 @@ impl RunMemory {
 /// v4 rules: run events need `operator.read`; tool events only with the
 /// `tool-events` cap; `sessions.changed` only to subscribers; a run the
 /// connection resumes comes through its resume stream instead. `segment`
-/// numbers the fanout's contiguous stretches of the all-runs stream.
+/// numbers the contiguous stretches of the coordinators' all-runs streams
+/// (across all of them, `fanin.rs`).
 pub fn deliver(conn: &Conn, segment: u64, event: &pb::RunEvent, outgoing: &[Outgoing]) {
     if !conn.can_read() {
         return;
@@ -312,131 +380,9 @@ pub fn deliver_unfiltered(conn: &Conn, outgoing: &[Outgoing]) {
     }
 }
 
-/// Follows the coordinator leader's event stream forever, reconnecting with
-/// backoff. A stream that ends or fails moves to the coordinator
-/// `Router::follow` picks. When the stream starts over under
-/// another epoch (a failover, a restart), the runs this edge saw start and
-/// not end are looked up on the coordinator now serving: one that ended
-/// meanwhile (`lost` in a failover, say) reaches clients as its terminal
-/// events rather than as silence.
+/// Follows the coordinators' event streams forever (`fanin::run`).
 pub async fn run(edge: Arc<Edge>) {
-    let mut memory = RunMemory::default();
-    // Live only at first: clients replay older events with `runs.resume`.
-    let mut position: Option<(String, u64)> = None;
-    // A new segment each time the stream starts live (a gap may precede it).
-    let mut segment = 0u64;
-    // After a reset: the runs to look up once a live stream is open again
-    // (with every awaited run).
-    let mut unsettled: Option<Vec<String>> = None;
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        if position.is_none() {
-            segment += 1;
-        }
-        let (epoch, from_seq) = position.clone().unwrap_or((String::new(), u64::MAX));
-        let request = pb::SubscribeRequest {
-            filter: Some(pb::subscribe_request::Filter::All(true)),
-            from_seq,
-            epoch,
-        };
-        let address = edge.backends.coordinator.current_address();
-        let Ok(mut client) = edge.backends.coordinator.client_at(&address) else {
-            return;
-        };
-        let mut hint = None;
-        // A reset is an answer, not a failure: resubscribe live at once, to
-        // the same coordinator.
-        let mut was_reset = false;
-        match client.subscribe(request).await {
-            Ok(stream) => {
-                let mut stream = stream.into_inner();
-                edge.fanout_ready
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                loop {
-                    match stream.message().await {
-                        Ok(Some(pb::SubscribeResponse {
-                            item: Some(pb::subscribe_response::Item::Event(event)),
-                        })) => {
-                            backoff = Duration::from_millis(100);
-                            position = Some((event.epoch.clone(), event.stream_seq));
-                            if is_terminal(&event) {
-                                edge.awaited.lock().unwrap().remove(&event.run_id);
-                            }
-                            let outgoing = memory.translate(&event);
-                            for conn in edge.connections() {
-                                deliver(&conn, segment, &event, &outgoing);
-                            }
-                            edge.session_feed.on_event(&edge, &event);
-                        }
-                        Ok(Some(pb::SubscribeResponse {
-                            item: Some(pb::subscribe_response::Item::Subscribed(_)),
-                        })) => {
-                            // Subscribed before looking up: whatever ends
-                            // after the lookup comes through this stream.
-                            if let Some(mut runs) = unsettled.take() {
-                                runs.extend(edge.awaited.lock().unwrap().iter().cloned());
-                                runs.sort_unstable();
-                                runs.dedup();
-                                settle(&edge, &mut client, &mut memory, runs).await;
-                            }
-                        }
-                        Ok(Some(pb::SubscribeResponse {
-                            item: Some(pb::subscribe_response::Item::Reset(reset)),
-                        })) => {
-                            tracing::warn!(reason = %reset.reason, epoch = %reset.epoch, "coordinator event stream reset; following live");
-                            position = None;
-                            unsettled
-                                .get_or_insert_with(Vec::new)
-                                .extend(memory.unfinished());
-                            memory = RunMemory::default();
-                            was_reset = true;
-                            break;
-                        }
-                        Ok(Some(_)) => {}
-                        Ok(None) => break,
-                        Err(status) => {
-                            hint = crate::coordinators::leader_hint(&status);
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(status) => {
-                tracing::debug!(error = %status, "coordinator event stream unavailable");
-                hint = crate::coordinators::leader_hint(&status);
-            }
-        }
-        edge.fanout_ready
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-        if was_reset {
-            continue;
-        }
-        edge.backends.coordinator.follow(&address, hint).await;
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
-    }
-}
-
-/// Sends the terminal events of the `runs` that ended where this edge did
-/// not see it, from their snapshots on the coordinator serving now.
-async fn settle(
-    edge: &Arc<Edge>,
-    client: &mut crate::coordinators::CoordinatorClient,
-    memory: &mut RunMemory,
-    runs: Vec<String>,
-) {
-    for run_id in runs {
-        let got = client.get(pb::GetRequest { run_id }).await;
-        let Some(snapshot) = got.ok().and_then(|r| r.into_inner().snapshot) else {
-            continue;
-        };
-        if let Some(outgoing) = memory.settle(&snapshot) {
-            edge.awaited.lock().unwrap().remove(&snapshot.run_id);
-            for conn in edge.connections() {
-                deliver_settled(&conn, &snapshot.run_id, &outgoing);
-            }
-        }
-    }
+    crate::fanin::run(edge).await;
 }
 
 /// The protocol's `errorKind` for a run error's kind: its own when the
@@ -448,14 +394,14 @@ fn chat_error_kind(kind: &str) -> &str {
     }
 }
 
-fn is_terminal(event: &pb::RunEvent) -> bool {
+pub(crate) fn is_terminal(event: &pb::RunEvent) -> bool {
     matches!(&event.body, Some(pb::run_event::Body::Lifecycle(life))
         if life.phase != pb::lifecycle::Phase::Start as i32)
 }
 
 /// `deliver` for events made from a snapshot: they belong to no position of
 /// the stream.
-fn deliver_settled(conn: &Conn, run_id: &str, outgoing: &[Outgoing]) {
+pub(crate) fn deliver_settled(conn: &Conn, run_id: &str, outgoing: &[Outgoing]) {
     if !conn.can_read() || conn.runs.lock().unwrap().resuming.contains(run_id) {
         return;
     }

@@ -5,7 +5,8 @@
 //! connection's life), `handshake` + `identity` + `device` (connect),
 //! `scopes` (authorization), `methods` (the method table and one file per
 //! method family, `runs.resume` among them) + `params` (closed params),
-//! `fanout` (run events to clients), `conn` (outbox with the slow-consumer
+//! `fanin` (the coordinators' event streams) + `fanout` (run events to
+//! clients), `conn` (outbox with the slow-consumer
 //! policy), `frames` (the wire shapes), `trace` (a span per request),
 //! `metrics` (Prometheus).
 
@@ -15,6 +16,7 @@ pub mod control_ui;
 pub mod coordinators;
 pub mod device;
 pub mod edge;
+pub mod fanin;
 pub mod fanout;
 pub mod frames;
 #[doc(hidden)]

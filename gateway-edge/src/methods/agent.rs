@@ -151,12 +151,20 @@ pub(super) async fn agent(
         expected_settings_digest: None,
     };
     let coordinator = &edge.backends.coordinator;
-    let done = coordinator.submit(submit).await.map_err(backend_error)?;
+    // Awaited from before its Submit (see `Edge::await_run`).
+    edge.await_run(key);
+    let done = match coordinator.submit(submit).await {
+        Ok(done) => done,
+        Err(status) => {
+            edge.unawait_run(key);
+            return Err(backend_error(status));
+        }
+    };
     let snapshot = done.snapshot.unwrap_or_default();
     if done.admission == pb::Admission::Completed as i32 {
+        edge.unawait_run(key);
         return agent_final(&snapshot);
     }
-    edge.await_run(key);
     // The key's run is still being admitted or running: one answer, as the
     // protocol gives a duplicate, and no final on this request (the
     // original request gets it).

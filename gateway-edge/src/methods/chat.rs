@@ -228,10 +228,18 @@ pub(super) async fn start_turn(
     received: Instant,
 ) -> Answer {
     let key = turn.run_id;
-    let done = submit_with_settings(edge, conn, &turn).await?;
+    // Awaited from before its Submit (see `Edge::await_run`).
+    edge.await_run(key);
+    let done = match submit_with_settings(edge, conn, &turn).await {
+        Ok(done) => done,
+        Err(refused) => {
+            edge.unawait_run(key);
+            return Err(refused);
+        }
+    };
     let snapshot = done.snapshot.unwrap_or_default();
-    if done.admission != pb::Admission::Completed as i32 {
-        edge.await_run(key);
+    if done.admission == pb::Admission::Completed as i32 {
+        edge.unawait_run(key);
     }
     match pb::Admission::try_from(done.admission) {
         Ok(pb::Admission::Accepted) => {

@@ -8,7 +8,7 @@
 //! connection through exactly one of the two. Events the broadcast had
 //! delivered before the switch (a reconnected client can receive some
 //! before its `runs.resume` is handled) are recognised by their position in
-//! the coordinator's all-runs stream and not sent again; everything else
+//! their coordinator's all-runs stream and not sent again; everything else
 //! after `fromSeq` is. No gap, no duplicate, whichever came first.
 
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use clawgate_proto::run_coordinator::v1 as pb;
 use serde_json::{Value, json};
 
 use super::{Answer, backend_error, fail};
-use crate::conn::{BroadcastSpan, Conn};
+use crate::conn::{BroadcastSpans, Conn};
 use crate::edge::Edge;
 use crate::fanout::{self, RunMemory};
 use crate::frames::ErrorShape;
@@ -71,7 +71,9 @@ pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Val
     };
     // The switch can wait until the resume is known to work: the replay
     // started at `fromSeq`, and whatever the broadcast delivers until the
-    // switch is in the span taken with it, and left out of the replay.
+    // switch is in the spans taken with it, and left out of the replay (the
+    // run's events carry its coordinator's epoch: only that coordinator's
+    // span can cover them).
     let Some(delivered) = conn.start_resume(&run_id) else {
         return Err(fail(ErrorShape::invalid(format!(
             "run {run_id} is already being resumed on this connection"
@@ -93,7 +95,7 @@ pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Val
 async fn follow(
     conn: Arc<Conn>,
     run_id: String,
-    delivered: Option<BroadcastSpan>,
+    delivered: BroadcastSpans,
     first: Option<pb::RunEvent>,
     mut stream: tonic::Streaming<pb::SubscribeResponse>,
 ) {
@@ -104,9 +106,7 @@ async fn follow(
     let completed = loop {
         if let Some(event) = next.take() {
             let outgoing = memory.translate(&event);
-            let seen = delivered
-                .as_ref()
-                .is_some_and(|span| span.covers(&event.epoch, event.stream_seq));
+            let seen = delivered.covers(&event.epoch, event.stream_seq);
             if !seen {
                 fanout::deliver_unfiltered(&conn, &outgoing);
             }
