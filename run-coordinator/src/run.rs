@@ -271,19 +271,38 @@ impl Run {
 
     /// The run as it is now. `queue_position` and `last_seq` come from the
     /// lanes and the event log, which the caller reads.
+    ///
+    /// A run whose end is decided but not yet durable (finishing) shows as
+    /// it was before: its end may never be recorded here (the partition can
+    /// move first, and its next owner settle it otherwise), so nobody may
+    /// read it as ended before it is.
     pub fn snapshot(&self, queue_position: u32, last_seq: u64) -> RunSnapshot {
         let state = self.state();
+        let undecided = state.phase == Phase::Finishing && state.status.is_terminal();
+        let (status, ended_at_ms, outcome) = if undecided {
+            let status = match state.started_at_ms {
+                Some(_) => RunStatus::Running,
+                None => RunStatus::Queued,
+            };
+            let outcome = Outcome {
+                text: state.outcome.text.clone(),
+                ..Outcome::default()
+            };
+            (status, None, outcome)
+        } else {
+            (state.status, state.ended_at_ms, state.outcome.clone())
+        };
         RunSnapshot {
             run_id: self.id.clone(),
             session_key: self.key.as_str().to_owned(),
             kind: self.spec.kind.clone(),
-            status: state.status,
+            status,
             queue_position,
             last_seq,
             created_at_ms: self.created_at_ms,
             started_at_ms: state.started_at_ms,
-            ended_at_ms: state.ended_at_ms,
-            outcome: state.outcome.clone(),
+            ended_at_ms,
+            outcome,
             session_id: state.session_id.clone(),
             fence_token: state.fence_token,
             epoch: self.epoch.clone(),

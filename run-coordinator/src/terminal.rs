@@ -32,7 +32,10 @@ impl Inner {
             .unwrap_or_else(|| Decision::failed("internal", "the run ended without a decision"));
         run.state().phase = Phase::Finishing;
         settle(run, &decision);
-        self.persist_terminal(run, last).await;
+        if !self.persist_terminal(run, last).await {
+            self.give_up(run);
+            return;
+        }
         let decision = run.decided().unwrap_or(decision);
         let (status, outcome) = {
             let state = run.state();
@@ -109,16 +112,58 @@ impl Inner {
         }
     }
 
+    /// The run's partition is no longer this instance's (the store refused
+    /// its terminal with STALE_OWNER): the next owner settles the run
+    /// (`lost`), so nothing of this instance's decision may reach anyone as
+    /// the run's end. Its lane and cap slot are freed; its event log goes
+    /// (subscribers end without an end event) and waiters read the record.
+    fn give_up(self: &Arc<Self>, run: &Arc<Run>) {
+        tracing::warn!(run.id = %run.id, "the run's partition moved before its end was recorded; its next owner settles it");
+        run.inputs.close();
+        let companions = std::mem::take(&mut run.state().companions);
+        let to_start = {
+            let mut state = self.lock();
+            if let Some(lane) = state.lanes.get_mut(&run.key) {
+                if lane.running.as_deref() == Some(run.id.as_str()) {
+                    lane.running = None;
+                }
+                lane.queued.retain(|id| *id != run.id);
+                if lane.running.is_none() && lane.queued.is_empty() {
+                    state.lanes.remove(&run.key);
+                }
+            }
+            let mut run_state = run.state();
+            if run_state.holds_slot {
+                run_state.holds_slot = false;
+                state.executing -= 1;
+            }
+            drop(run_state);
+            for run in std::iter::once(run).chain(companions.iter().map(|c| &c.run)) {
+                state.runs.remove(&run.id);
+            }
+            self.pump(&mut state)
+        };
+        for run in std::iter::once(run).chain(companions.iter().map(|c| &c.run)) {
+            self.hub.forget(&run.id);
+            run.moved.cancel();
+        }
+        self.run_finished.notify_waiters();
+        self.spawn_all(to_start);
+    }
+
     /// Writes the terminal record (with the run's last entries and the
     /// release of its fence, in one commit), retrying while the store is
-    /// unavailable. If the store already holds a terminal (recovery
+    /// unavailable, for as long as this instance holds the run's partition.
+    /// `false`: it did not become durable here (refused with STALE_OWNER, or
+    /// the tenure ended): the partition's next owner settles the run. If the store already holds a terminal (recovery
     /// elsewhere decided first), that one is adopted: terminal is final in
     /// the store too. If the fence is stale, the entries cannot be written:
     /// the terminal goes alone, and a run that decided `ok` on them was
     /// superseded instead.
-    async fn persist_terminal(&self, run: &Run, mut last: Option<LastWrite>) {
+    async fn persist_terminal(&self, run: &Run, mut last: Option<LastWrite>) -> bool {
         let mut backoff = Duration::from_millis(50);
-        for attempt in 1..=8 {
+        let partition = self.ownership.partition(&run.key);
+        for attempt in 1.. {
             let written = match &last {
                 Some(write) => {
                     let finish = self.finish_request(run, write);
@@ -140,7 +185,7 @@ impl Inner {
                     let mut state = run.state();
                     state.record_version = record.version;
                     state.ended_at_ms = record.ended_at_ms;
-                    return;
+                    return true;
                 }
                 Err(StoreError::RunTerminal { current }) => {
                     let adopted = Run::from_record(&current, spec_of(&current), run.epoch.clone());
@@ -150,19 +195,22 @@ impl Inner {
                     state.outcome = adopted.outcome.clone();
                     state.ended_at_ms = adopted.ended_at_ms;
                     state.record_version = adopted.record_version;
-                    return;
+                    return true;
                 }
                 // The tenure is over: the partition's new owner settles the
                 // run (recovery marks it lost), so there is nothing to retry.
-                Err(StoreError::StaleOwner { .. }) => return,
+                Err(StoreError::StaleOwner { .. }) => return false,
+                // Retried for as long as the partition is this instance's:
+                // an end nobody can read back must not reach anyone.
+                Err(_) if !self.ownership.holds(partition) => return false,
                 Err(err) => {
-                    tracing::warn!(run.id = %run.id, attempt, error = %err, "persisting the terminal state failed");
+                    tracing::warn!(run.id = %run.id, attempt, error = %err, "persisting the terminal state failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }
-        tracing::error!(run.id = %run.id, "the terminal state could not be persisted; a restart will report the run lost");
+        unreachable!("the loop only returns")
     }
 
     fn terminal_update(&self, run: &Run) -> RunUpdate {

@@ -5,6 +5,7 @@
 
 pub mod captures;
 pub mod events;
+pub mod split;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,6 +32,14 @@ pub const TOKEN: &str = "testtoken";
 /// the text is the message echoed.
 pub struct StubRuntime {
     echo: EchoRuntime,
+}
+
+impl StubRuntime {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            echo: EchoRuntime::new(EchoConfig::default()),
+        })
+    }
 }
 
 #[async_trait]
@@ -158,15 +167,7 @@ impl System {
 
     /// Starts an edge; returns its ws:// URL and its state.
     pub async fn edge(&self, config: EdgeConfig) -> (String, Arc<Edge>) {
-        let backends = Backends::connect_lazy(&config).unwrap();
-        let edge = Edge::new(config, backends);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}", listener.local_addr().unwrap());
-        tokio::spawn(gateway_edge::server::serve_edge(
-            edge.clone(),
-            listener,
-            self.stop.clone().cancelled_owned(),
-        ));
+        let (url, edge) = spawn_edge(config, &self.stop).await;
         // Ready once its coordinator event stream is open.
         let deadline = Instant::now() + DEADLINE;
         while !edge.fanout_ready.load(std::sync::atomic::Ordering::Relaxed) {
@@ -175,6 +176,21 @@ impl System {
         }
         (url, edge)
     }
+}
+
+/// Starts an edge on loopback port 0, serving until `stop`; returns its
+/// ws:// URL and its state (not yet ready, maybe).
+pub async fn spawn_edge(config: EdgeConfig, stop: &CancellationToken) -> (String, Arc<Edge>) {
+    let backends = Backends::connect_lazy(&config).unwrap();
+    let edge = Edge::new(config, backends);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    tokio::spawn(gateway_edge::server::serve_edge(
+        edge.clone(),
+        listener,
+        stop.clone().cancelled_owned(),
+    ));
+    (url, edge)
 }
 
 pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
