@@ -31,23 +31,27 @@ impl Inner {
     pub(crate) async fn recover(self: &Arc<Self>, only: Option<&[u32]>) -> CoordinatorResult<()> {
         let records = self.store.list_active_runs(None).await?;
         let (mut lost, mut requeued) = (0, 0);
-        for record in records {
-            let key = SessionKey::from_stored(record.session_key.clone());
-            let partition = self.ownership.partition(&key);
-            let wanted = only.is_none_or(|only| only.contains(&partition));
-            if !wanted || !self.ownership.holds(partition) || self.is_live(&record.run_id) {
-                continue;
-            }
-            match record.status {
-                RunStatus::Running => {
-                    self.mark_lost(&record).await?;
-                    lost += 1;
-                }
-                _ => {
-                    if self.requeue(record).await? {
-                        requeued += 1;
-                    }
-                }
+        let (running, waiting): (Vec<RunRecord>, Vec<RunRecord>) = records
+            .into_iter()
+            .filter(|record| {
+                let key = SessionKey::from_stored(record.session_key.clone());
+                let partition = self.ownership.partition(&key);
+                only.is_none_or(|only| only.contains(&partition))
+                    && self.ownership.holds(partition)
+                    && !self.is_live(&record.run_id)
+            })
+            .partition(|record| record.status == RunStatus::Running);
+        // Every executing run is settled (its fence freed) before a queued
+        // one may start: an `interrupt` run can be executing ahead of older
+        // queued runs of its session, which would otherwise find the
+        // session's writer slot still held.
+        for record in &running {
+            self.mark_lost(record).await?;
+            lost += 1;
+        }
+        for record in waiting {
+            if self.requeue(record).await? {
+                requeued += 1;
             }
         }
         if lost + requeued > 0 {
