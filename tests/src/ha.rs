@@ -23,39 +23,65 @@ pub fn postgres_url() -> String {
 
 /// A store process on PostgreSQL, in `schema`.
 pub async fn start_pg_store(schema: &str) -> Process {
+    start_pg_store_with(schema, &[]).await
+}
+
+/// `start_pg_store` with more arguments (`--partitions 32`, say).
+pub async fn start_pg_store_with(schema: &str, args: &[&str]) -> Process {
     let mut command = service_command(binary_path(Role::Store.binary()));
     command
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .args(["--store", &postgres_url(), "--pg-schema", schema])
+        .args(args)
         .env("OTEL_SERVICE_NAME", Role::Store.service_name());
     Process::start(command, Role::Store.binary(), Role::Store.ready_message()).await
+}
+
+/// The flags of a lease-mode coordinator (the TTL and renew interval
+/// above) executing through the gRPC runtime at `runtime_url`, draining for
+/// up to `drain`.
+pub fn lease_args(runtime_url: &str, drain: &str) -> Vec<String> {
+    let (ttl, renew) = (
+        format!("{}ms", TTL.as_millis()),
+        format!("{}ms", RENEW.as_millis()),
+    );
+    [
+        "--ownership",
+        "lease",
+        "--lease-ttl",
+        &ttl,
+        "--lease-renew-interval",
+        &renew,
+        "--runtime",
+        "grpc",
+        "--runtime-address",
+        runtime_url,
+        "--drain-timeout",
+        drain,
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 /// A lease-mode coordinator against the store at `store_url`, executing
 /// through the gRPC runtime at `runtime_url`.
 pub async fn lease_coordinator(store_url: &str, runtime_url: &str) -> Process {
-    let (ttl, renew) = (
-        format!("{}ms", TTL.as_millis()),
-        format!("{}ms", RENEW.as_millis()),
-    );
-    start_coordinator(
-        store_url,
-        &[
-            "--ownership",
-            "lease",
-            "--lease-ttl",
-            &ttl,
-            "--lease-renew-interval",
-            &renew,
-            "--runtime",
-            "grpc",
-            "--runtime-address",
-            runtime_url,
-            "--drain-timeout",
-            "20s",
-        ],
-    )
-    .await
+    let args = lease_args(runtime_url, "20s");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    start_coordinator(store_url, &args).await
+}
+
+/// The logs of `processes`, each under its name, for a failing test's
+/// message.
+pub fn logs<'a>(processes: impl IntoIterator<Item = (String, &'a Process)>) -> String {
+    let mut out = String::new();
+    for (name, process) in processes {
+        out.push_str(&format!(
+            "==== {name} ====\n{}\n",
+            process.output().join("\n")
+        ));
+    }
+    out
 }
 
 /// An edge process given `coordinators` (comma-separated addresses).

@@ -22,7 +22,9 @@ pub mod receiver;
 pub mod reflection;
 pub mod rng;
 pub mod runtime;
+pub mod slot;
 pub mod transcript;
+pub mod turns;
 
 pub use client::EdgeClient;
 pub use cluster::{Cluster, ClusterBuilder, Role};

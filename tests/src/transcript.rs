@@ -2,6 +2,8 @@
 //! makes of it after faults: each run's turns together, once, in the order
 //! the client sent the runs, and only runs somebody sent.
 
+use std::collections::HashSet;
+
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
 use tonic::transport::Channel;
@@ -34,16 +36,31 @@ pub async fn run_blocks(store: &mut SessionStoreClient<Channel>, session: &str) 
 /// split or repeated), in `sent`'s order, each a user turn and at most one
 /// assistant turn.
 pub fn check_send_order(blocks: &[RunBlock], sent: &[&str]) -> Result<(), String> {
+    check_lane_order(blocks, sent, &HashSet::new())
+}
+
+/// `check_send_order` for a lane some runs may jump (`interrupt` runs go
+/// first): those must appear at most once, the others in `sent`'s order.
+pub fn check_lane_order(
+    blocks: &[RunBlock],
+    sent: &[&str],
+    jumpers: &HashSet<&str>,
+) -> Result<(), String> {
     let order: Vec<&str> = blocks.iter().map(|(run, _)| run.as_str()).collect();
+    let mut seen = HashSet::new();
     let mut last = None;
     for run in &order {
         let Some(position) = sent.iter().position(|s| s == run) else {
             return Err(format!("a turn of a run nobody sent ({run}): {order:?}"));
         };
+        if !seen.insert(*run) {
+            return Err(format!("turns of {run} split or repeated: {order:?}"));
+        }
+        if jumpers.contains(run) {
+            continue;
+        }
         if last.is_some_and(|last| position <= last) {
-            return Err(format!(
-                "turns split, repeated or out of send order: {order:?}"
-            ));
+            return Err(format!("turns out of lane order at {run}: {order:?}"));
         }
         last = Some(position);
     }
@@ -81,5 +98,25 @@ mod tests {
         assert!(check_send_order(&stranger, &sent).is_err());
         let doubled = [block("a", &["user", "assistant", "assistant"])];
         assert!(check_send_order(&doubled, &sent).is_err());
+        // A jumper may come early, but only once; the others keep order.
+        let jumpers: HashSet<&str> = ["c"].into();
+        let jumped = [
+            block("c", &["user"]),
+            block("a", &["user"]),
+            block("b", &["user"]),
+        ];
+        assert!(check_lane_order(&jumped, &sent, &jumpers).is_ok());
+        let twice = [
+            block("c", &["user"]),
+            block("a", &["user"]),
+            block("c", &["user"]),
+        ];
+        assert!(check_lane_order(&twice, &sent, &jumpers).is_err());
+        let swapped = [
+            block("c", &["user"]),
+            block("b", &["user"]),
+            block("a", &["user"]),
+        ];
+        assert!(check_lane_order(&swapped, &sent, &jumpers).is_err());
     }
 }

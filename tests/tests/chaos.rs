@@ -20,27 +20,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clawgate_proto::session_store::v1 as store_pb;
-use clawgate_system_tests::cluster::{Role, TOKEN, start_coordinator};
+use clawgate_system_tests::cluster::Role;
 use clawgate_system_tests::fault_proxy::FaultProxy;
 use clawgate_system_tests::fuzz_seeds::env_or;
 use clawgate_system_tests::ha;
 use clawgate_system_tests::process::{Process, binary_path, service_command};
 use clawgate_system_tests::rng::SplitMix;
 use clawgate_system_tests::runtime::CountingRuntime;
+use clawgate_system_tests::slot::CoordinatorSlot;
 use clawgate_system_tests::transcript::{check_send_order, run_blocks};
-use futures::{SinkExt, StreamExt};
-use serde_json::{Value, json};
+use clawgate_system_tests::turns::{Conn, attempt};
+
 use store_pb::session_store_client::SessionStoreClient;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 const SESSIONS: usize = 6;
 /// Store kill, leader kill, edge kill, connection cut, partition.
 const FAULT_KINDS: u64 = 5;
-const TTL: &str = "2s";
-const RENEW: &str = "400ms";
 /// Longer than the lease: a partitioned leader loses its partitions.
 const PARTITION: Duration = Duration::from_millis(3_000);
 /// How long the whole run may take after the faults (a broken system
@@ -67,52 +63,15 @@ async fn start_store(backend: &Backend) -> Process {
     }
 }
 
-/// One coordinator place: its process, the proxy in front of it (what the
-/// edges are given and what it advertises), and its own link to the store.
-struct Slot {
-    front: FaultProxy,
-    store_link: FaultProxy,
-    process: Process,
-}
-
-async fn start_coordinator_in(
-    front: &FaultProxy,
-    store_link: &FaultProxy,
-    runtime: &CountingRuntime,
-) -> Process {
-    let process = start_coordinator(
-        &store_link.url(),
-        &[
-            "--ownership",
-            "lease",
-            "--lease-ttl",
-            TTL,
-            "--lease-renew-interval",
-            RENEW,
-            "--runtime",
-            "grpc",
-            "--runtime-address",
-            &runtime.url(),
-            "--drain-timeout",
-            "2s",
-            "--advertise-address",
-            &front.url(),
-        ],
-    )
-    .await;
-    front.set_upstream(process.address);
-    process
-}
-
 /// The system under test, and what the faults did to it.
 struct System {
     backend: Backend,
     runtime: CountingRuntime,
     store: Process,
     /// Every path to the store goes through one of these: the edges', and
-    /// each coordinator's own (`Slot::store_link`).
+    /// each coordinator's own (`CoordinatorSlot::store_link`).
     edge_store_link: FaultProxy,
-    slots: Vec<Slot>,
+    slots: Vec<CoordinatorSlot>,
     edges: Vec<Process>,
     /// The edges' current URLs, for the clients.
     edge_urls: Arc<Mutex<Vec<String>>>,
@@ -126,14 +85,7 @@ impl System {
         let edge_store_link = FaultProxy::start(store.address).await;
         let mut slots = Vec::new();
         for _ in 0..2 {
-            let front = FaultProxy::start("127.0.0.1:9".parse().unwrap()).await;
-            let store_link = FaultProxy::start(store.address).await;
-            let process = start_coordinator_in(&front, &store_link, &runtime).await;
-            slots.push(Slot {
-                front,
-                store_link,
-                process,
-            });
+            slots.push(CoordinatorSlot::start(store.address, &runtime, &[]).await);
         }
         let coordinators = format!("{},{}", slots[0].front.url(), slots[1].front.url());
         let mut edges = Vec::new();
@@ -185,9 +137,7 @@ impl System {
     }
 
     async fn restart_coordinator(&mut self, slot: usize) {
-        let slot = &mut self.slots[slot];
-        slot.process.kill().await;
-        slot.process = start_coordinator_in(&slot.front, &slot.store_link, &self.runtime).await;
+        self.slots[slot].restart(&self.runtime).await;
     }
 
     async fn restart_edge(&mut self, edge: usize) {
@@ -250,20 +200,18 @@ impl System {
     }
 
     fn output(&self) -> String {
-        let mut out = format!("==== store ====\n{}\n", self.store.output().join("\n"));
-        for (i, slot) in self.slots.iter().enumerate() {
-            out.push_str(&format!(
-                "==== coordinator {i} ====\n{}\n",
-                slot.process.output().join("\n")
-            ));
-        }
-        for (i, edge) in self.edges.iter().enumerate() {
-            out.push_str(&format!(
-                "==== edge {i} ====\n{}\n",
-                edge.output().join("\n")
-            ));
-        }
-        out
+        let store = std::iter::once(("store".to_owned(), &self.store));
+        let coordinators = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| (format!("coordinator {i}"), &slot.process));
+        let edges = self
+            .edges
+            .iter()
+            .enumerate()
+            .map(|(i, edge)| (format!("edge {i}"), edge));
+        ha::logs(store.chain(coordinators).chain(edges))
     }
 }
 
@@ -281,133 +229,6 @@ struct Sent {
 struct Journal {
     runs: Mutex<HashMap<usize, Vec<Sent>>>,
     retries: AtomicUsize,
-}
-
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// A client connection that reports failures instead of panicking.
-struct Conn {
-    ws: Ws,
-    next_id: u64,
-    /// Runs whose end this connection saw, with the end's state.
-    ends: HashMap<String, String>,
-}
-
-const STEP: Duration = Duration::from_secs(10);
-
-impl Conn {
-    async fn open(url: &str) -> Result<Self, String> {
-        let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
-            .await
-            .map_err(|_| "connect timed out".to_owned())?
-            .map_err(|e| e.to_string())?;
-        let mut conn = Self {
-            ws,
-            next_id: 0,
-            ends: HashMap::new(),
-        };
-        let params = json!({
-            "minProtocol": 4, "maxProtocol": 4,
-            "client": { "id": "test", "version": "test", "platform": "linux", "mode": "test" },
-            "auth": { "token": TOKEN }, "role": "operator",
-            "scopes": ["operator.read", "operator.write"],
-        });
-        let hello = conn.request("connect", params).await?;
-        if hello["ok"] != true {
-            return Err(format!("connect refused: {hello}"));
-        }
-        Ok(conn)
-    }
-
-    /// Reads one frame, noting run ends.
-    async fn frame(&mut self, deadline: Instant) -> Result<Value, String> {
-        loop {
-            let message = tokio::time::timeout_at(deadline, self.ws.next())
-                .await
-                .map_err(|_| "timed out".to_owned())?;
-            let text = match message {
-                Some(Ok(Message::Text(text))) => text,
-                Some(Ok(Message::Close(_))) | None => return Err("closed".into()),
-                Some(Err(e)) => return Err(e.to_string()),
-                Some(Ok(_)) => continue,
-            };
-            let frame: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-            let payload = &frame["payload"];
-            if frame["event"] == "chat"
-                && let (Some(run), Some(state)) =
-                    (payload["runId"].as_str(), payload["state"].as_str())
-                && matches!(state, "final" | "error" | "aborted")
-            {
-                self.ends.insert(run.to_owned(), state.to_owned());
-            }
-            return Ok(frame);
-        }
-    }
-
-    async fn request(&mut self, method: &str, params: Value) -> Result<Value, String> {
-        self.next_id += 1;
-        let id = format!("c{}", self.next_id);
-        let frame = json!({ "type": "req", "id": id, "method": method, "params": params });
-        self.ws
-            .send(Message::text(frame.to_string()))
-            .await
-            .map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + STEP;
-        loop {
-            let frame = self.frame(deadline).await?;
-            if frame["type"] == "res" && frame["id"] == id {
-                return Ok(frame);
-            }
-        }
-    }
-
-    /// Waits for `run_id`'s end (noted before, or still to come).
-    async fn end_of(&mut self, run_id: &str) -> Result<String, String> {
-        let deadline = Instant::now() + 2 * STEP;
-        loop {
-            if let Some(state) = self.ends.get(run_id) {
-                return Ok(state.clone());
-            }
-            self.frame(deadline).await?;
-        }
-    }
-}
-
-/// One attempt to get `run_id` sent and ended on `conn`: `Ok((acked,
-/// end))`, or why it must be retried.
-async fn attempt(
-    conn: &mut Conn,
-    session: &str,
-    run_id: &str,
-    acked: &mut bool,
-) -> Result<String, String> {
-    let params = json!({
-        "sessionKey": session, "message": format!("turn {run_id}"),
-        "idempotencyKey": run_id, "queueMode": "followup",
-    });
-    let answer = conn.request("chat.send", params).await?;
-    // A retry of a run that ended in an error (lost with its coordinator,
-    // say) is answered with that end.
-    if answer["ok"] == false && answer["payload"]["status"] == "error" {
-        *acked = true;
-        return Ok("error".into());
-    }
-    if answer["ok"] != true {
-        let code = answer["error"]["code"].as_str().unwrap_or_default();
-        assert_eq!(
-            code, "UNAVAILABLE",
-            "{run_id}: a refusal a retry cannot fix: {answer}"
-        );
-        return Err(format!("refused: {answer}"));
-    }
-    *acked = true;
-    match answer["payload"]["status"].as_str() {
-        // Already over: the answer is its end.
-        Some("ok") => Ok("final".into()),
-        Some("error") => Ok("error".into()),
-        Some("aborted") => Ok("aborted".into()),
-        _ => conn.end_of(run_id).await,
-    }
 }
 
 /// A session's client: one run after another until `stop`, each retried
@@ -445,7 +266,7 @@ async fn client(
                 }
             }
             let result = match conn.as_mut() {
-                Some(open) => attempt(open, &key, &run_id, &mut acked).await,
+                Some(open) => attempt(open, &key, &run_id, "followup", &mut acked).await,
                 None => Err(format!("no edge answered ({last_error})")),
             };
             match result {
