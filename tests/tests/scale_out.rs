@@ -1,0 +1,652 @@
+//! Scale-out under fault: three coordinators with balanced placement share
+//! the partitions of one store on PostgreSQL, and two edges route each call
+//! by the session's partition. Real processes: one store, three
+//! coordinators (`--placement balanced`, 32 partitions, 2 s leases)
+//! executing through a counting gRPC runtime, two edges. Clients on both
+//! edges send turns (one in ten `interrupt`, the rest `followup`, up to
+//! three in flight per session) and retry each with its idempotency key
+//! through whichever edge answers.
+//!
+//! Seeded faults, in order: SIGKILL the coordinator with the most executing
+//! runs; SIGSTOP another for twice the lease TTL, then SIGCONT; partition
+//! the third from the store (through a TCP proxy) for twice the TTL; then
+//! restart the killed one, and the partitions rebalance onto it. A
+//! coordinator that lost its tenure exits by itself; like a pod, it is
+//! restarted once it can reach the store.
+//!
+//! Checks, all zero: duplicate executions (the runtime counts); acknowledged
+//! runs missing or not terminal after the drain; interleaved transcripts or
+//! lane-order violations per session (interrupts aside); runs executing on
+//! the killed coordinator ending other than `lost`. STALE_OWNER refusals
+//! must grow in the stop and in the partition phase: the fence acts.
+//! Printed: runs, kills, partition takes, retries, takeover p50/max (goal:
+//! within TTL + 2 × renew interval).
+//!
+//! `SCALE_SEED` picks the schedule's choices and the interrupts (printed).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clawgate_proto::session_store::v1 as store_pb;
+use clawgate_system_tests::fuzz_seeds::env_or;
+use clawgate_system_tests::ha::{self, RENEW, TTL};
+use clawgate_system_tests::process::Process;
+use clawgate_system_tests::rng::SplitMix;
+use clawgate_system_tests::runtime::CountingRuntime;
+use clawgate_system_tests::slot::CoordinatorSlot;
+use clawgate_system_tests::transcript::{check_lane_order, run_blocks};
+use clawgate_system_tests::turns::{Conn, send};
+use serde_json::json;
+use store_pb::session_store_client::SessionStoreClient;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+const PARTITIONS: u32 = 32;
+const COORDINATORS: usize = 3;
+const SESSIONS: usize = 12;
+/// Turns a session has in flight at most.
+const WINDOW: usize = 3;
+/// How long a broken system may take to finish (it fails here, not hangs).
+const DRAIN: Duration = Duration::from_secs(120);
+
+/// What balanced placement needs beyond the kit's lease-mode flags.
+const BALANCED: &[&str] = &[
+    "--placement",
+    "balanced",
+    "--handoff-timeout",
+    "3s",
+    "--max-executing",
+    "8",
+];
+
+/// A coordinator slot, and whether the test keeps it down on purpose (the
+/// killed one, until its restart).
+struct Place {
+    slot: CoordinatorSlot,
+    down: bool,
+}
+
+struct System {
+    runtime: CountingRuntime,
+    store: Process,
+    slots: Vec<Place>,
+    edges: Vec<Process>,
+    store_client: SessionStoreClient<Channel>,
+    /// Why each restarted coordinator had stopped (its log's reason).
+    restarts: Vec<String>,
+}
+
+impl System {
+    async fn start(schema: &str) -> Self {
+        let runtime = CountingRuntime::start(Duration::from_millis(400)).await;
+        let partitions = PARTITIONS.to_string();
+        let store = ha::start_pg_store_with(schema, &["--partitions", &partitions]).await;
+        let mut slots = Vec::new();
+        for _ in 0..COORDINATORS {
+            let slot = CoordinatorSlot::start(store.address, &runtime, BALANCED).await;
+            slots.push(Place { slot, down: false });
+        }
+        let fronts: Vec<String> = slots.iter().map(|p| p.slot.front.url()).collect();
+        let mut edges = Vec::new();
+        for _ in 0..2 {
+            edges.push(ha::start_edge(&store.url(), &fronts.join(",")).await);
+        }
+        let store_client = SessionStoreClient::connect(store.url()).await.unwrap();
+        Self {
+            runtime,
+            store,
+            slots,
+            edges,
+            store_client,
+            restarts: Vec::new(),
+        }
+    }
+
+    fn edge_urls(&self) -> Vec<String> {
+        self.edges
+            .iter()
+            .map(|e| format!("ws://{}", e.address))
+            .collect()
+    }
+
+    async fn leases(&mut self) -> store_pb::ListLeasesResponse {
+        self.store_client
+            .list_leases(store_pb::ListLeasesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Live leases by owner address.
+    async fn holders(&mut self) -> HashMap<String, usize> {
+        let table = self.leases().await;
+        let mut holders = HashMap::new();
+        for lease in &table.leases {
+            if lease.owner.is_some() && lease.expires_at_ms > table.now_ms {
+                *holders.entry(lease.address.clone()).or_default() += 1;
+            }
+        }
+        holders
+    }
+
+    /// Waits until every partition is held, spread over `members` members.
+    async fn until_spread(&mut self, members: usize, what: &str) {
+        let until = Instant::now() + DRAIN;
+        loop {
+            self.heal().await;
+            let holders = self.holders().await;
+            let held: usize = holders.values().sum();
+            if held == PARTITIONS as usize && holders.len() == members {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "{what}: the partitions never spread over {members} ({holders:?}):\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The slot of the member executing the most runs now, with its member
+    /// id.
+    async fn busiest(&mut self) -> (usize, String) {
+        let active = self
+            .store_client
+            .list_active_runs(store_pb::ListActiveRunsRequest { owner: None })
+            .await
+            .unwrap()
+            .into_inner()
+            .runs;
+        let mut running: HashMap<String, usize> = HashMap::new();
+        for run in &active {
+            if run.status == store_pb::RunStatus::Running as i32 {
+                *running.entry(run.owner.clone()).or_default() += 1;
+            }
+        }
+        let table = self.leases().await;
+        let mut best: Option<(usize, String, usize)> = None;
+        for lease in &table.leases {
+            let Some(owner) = &lease.owner else { continue };
+            let Some(slot) = self
+                .slots
+                .iter()
+                .position(|p| p.slot.front.url() == lease.address)
+            else {
+                continue;
+            };
+            let count = running.get(owner).copied().unwrap_or(0);
+            if best.as_ref().is_none_or(|(_, _, n)| count > *n) {
+                best = Some((slot, owner.clone(), count));
+            }
+        }
+        let (slot, member, _) = best.expect("some member holds partitions");
+        (slot, member)
+    }
+
+    /// Restarts a coordinator that stopped by itself (lost its tenure) once
+    /// it can reach the store again, as a pod would be.
+    async fn heal(&mut self) {
+        for place in &mut self.slots {
+            let slot = &mut place.slot;
+            if !place.down && !slot.store_link.is_partitioned() && slot.process.exited() {
+                let output = slot.process.output();
+                let why = output
+                    .iter()
+                    .find(|line| line.contains("ownership lost"))
+                    .map_or("started again", String::as_str);
+                self.restarts.push(why.chars().take(300).collect());
+                slot.restart(&self.runtime).await;
+            }
+        }
+    }
+
+    /// Waits until the coordinator in `slot` has exited by itself, healing
+    /// the others meanwhile.
+    async fn until_exited(&mut self, slot: usize, why: &str) {
+        let until = Instant::now() + DRAIN;
+        while !self.slots[slot].slot.process.exited() {
+            assert!(
+                Instant::now() < until,
+                "the coordinator {why} never stopped:\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn output(&self) -> String {
+        let store = std::iter::once(("store".to_owned(), &self.store));
+        let coordinators = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, place)| (format!("coordinator {i}"), &place.slot.process));
+        let edges = self
+            .edges
+            .iter()
+            .enumerate()
+            .map(|(i, edge)| (format!("edge {i}"), edge));
+        ha::logs(store.chain(coordinators).chain(edges))
+    }
+}
+
+/// How a client saw one of its runs.
+#[derive(Debug, Clone)]
+struct Sent {
+    run_id: String,
+    interrupt: bool,
+    acknowledged: bool,
+    /// Its end as the client saw it (`final`, `error`, `aborted`), if seen.
+    ended: Option<String>,
+}
+
+#[derive(Default)]
+struct Journal {
+    runs: Mutex<HashMap<usize, Vec<Sent>>>,
+    retries: AtomicUsize,
+}
+
+/// A client's connection to one of the edges, opened again after a
+/// failure on the next edge.
+struct Link {
+    urls: Vec<String>,
+    pick: usize,
+    conn: Option<Conn>,
+}
+
+impl Link {
+    async fn conn(&mut self) -> Result<&mut Conn, String> {
+        if self.conn.is_none() {
+            self.pick += 1;
+            let url = &self.urls[self.pick % self.urls.len()];
+            self.conn = Some(Conn::open(url).await.map_err(|e| format!("{url}: {e}"))?);
+        }
+        Ok(self.conn.as_mut().expect("opened above"))
+    }
+
+    fn failed(&mut self, journal: &Journal) {
+        self.conn = None;
+        journal.retries.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Sends `run_id` until it is acknowledged (or answered with its end).
+async fn send_until_acked(
+    link: &mut Link,
+    journal: &Journal,
+    session: &str,
+    run_id: &str,
+    mode: &str,
+    acked: &mut bool,
+) -> Result<String, String> {
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        let result = match link.conn().await {
+            Ok(conn) => send(conn, session, run_id, mode, acked).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(answer) => return Ok(answer),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("{run_id} never acked: {e}"));
+            }
+            Err(_) => {
+                link.failed(journal);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Waits for `run_id`'s end: from the events the connection saw, else by
+/// `agent.wait` (routed by the run), through any edge.
+async fn end_of(link: &mut Link, journal: &Journal, run_id: &str) -> Result<String, String> {
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        if Instant::now() > deadline {
+            return Err(format!("{run_id} never ended"));
+        }
+        let conn = match link.conn().await {
+            Ok(conn) => conn,
+            Err(_) => {
+                link.failed(journal);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if let Some(end) = conn.ends.get(run_id) {
+            return Ok(format!("{end} (event)"));
+        }
+        let waited = conn
+            .request("agent.wait", json!({ "runId": run_id, "timeoutMs": 2_000 }))
+            .await;
+        match waited {
+            Ok(answer) if answer["ok"] == true => match answer["payload"]["status"].as_str() {
+                Some("ok") => return Ok("final (agent.wait)".into()),
+                Some("error") => return Ok("error (agent.wait)".into()),
+                _ => {}
+            },
+            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => link.failed(journal),
+        }
+    }
+}
+
+/// A session's client: turns until `stop`, up to `WINDOW` in flight.
+async fn session_client(
+    session: usize,
+    urls: Vec<String>,
+    journal: Arc<Journal>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> Result<(), String> {
+    let key = format!("scale-{session}");
+    let mut rng = SplitMix(seed ^ (session as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut link = Link {
+        urls,
+        pick: session,
+        conn: None,
+    };
+    let mut in_flight: VecDeque<usize> = VecDeque::new();
+    let mut sent: Vec<Sent> = Vec::new();
+    let mut turn = 0;
+    while !stop.load(Ordering::Relaxed) || !in_flight.is_empty() {
+        if stop.load(Ordering::Relaxed) || in_flight.len() >= WINDOW {
+            let oldest = in_flight.pop_front().expect("not empty");
+            let end = end_of(&mut link, &journal, &sent[oldest].run_id).await?;
+            sent[oldest].ended = Some(end);
+            continue;
+        }
+        let run_id = format!("{key}-{turn}");
+        turn += 1;
+        let interrupt = rng.chance(10);
+        let mode = if interrupt { "interrupt" } else { "followup" };
+        let mut acked = false;
+        let answer = send_until_acked(&mut link, &journal, &key, &run_id, mode, &mut acked).await?;
+        let ended = (answer != "accepted").then(|| format!("{answer} (chat.send)"));
+        if ended.is_none() {
+            in_flight.push_back(sent.len());
+        }
+        sent.push(Sent {
+            run_id,
+            interrupt,
+            acknowledged: acked,
+            ended,
+        });
+    }
+    journal.runs.lock().unwrap().insert(session, sent);
+    Ok(())
+}
+
+/// How long each of `partitions` took to be held by a live member other
+/// than `gone`, from `since`.
+async fn takeover_times(
+    system: &mut System,
+    gone: &str,
+    partitions: &[u32],
+    since: Instant,
+) -> Vec<Duration> {
+    let mut times: HashMap<u32, Duration> = HashMap::new();
+    let until = Instant::now() + DRAIN;
+    while times.len() < partitions.len() {
+        let table = system.leases().await;
+        for lease in &table.leases {
+            let moved = lease.owner.as_deref().is_some_and(|o| o != gone)
+                && lease.expires_at_ms > table.now_ms;
+            if moved && partitions.contains(&lease.partition) {
+                times
+                    .entry(lease.partition)
+                    .or_insert_with(|| since.elapsed());
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "the killed member's partitions never moved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut times: Vec<Duration> = times.into_values().collect();
+    times.sort();
+    times
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition() {
+    let seed: u64 = env_or("SCALE_SEED", 0x5ca1_ab1e);
+    clawgate_system_tests::report(&format!("scale-out: seed {seed}"));
+    let mut rng = SplitMix(seed);
+    let schema = format!("scale_{}", uuid::Uuid::new_v4().simple());
+    let mut system = System::start(&schema).await;
+    system.until_spread(COORDINATORS, "at start").await;
+
+    let journal = Arc::new(Journal::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..SESSIONS)
+        .map(|s| {
+            tokio::spawn(session_client(
+                s,
+                system.edge_urls(),
+                journal.clone(),
+                stop.clone(),
+                seed,
+            ))
+        })
+        .collect();
+    tokio::time::sleep(rng.millis(2_000, 3_000)).await;
+
+    // 1. SIGKILL the member executing the most runs.
+    let (killed, killed_member) = system.busiest().await;
+    let table = system.leases().await;
+    let its_partitions: Vec<u32> = table
+        .leases
+        .iter()
+        .filter(|l| l.owner.as_deref() == Some(killed_member.as_str()))
+        .map(|l| l.partition)
+        .collect();
+    let killed_at = Instant::now();
+    system.slots[killed].down = true;
+    system.slots[killed].slot.process.kill().await;
+    let executing_on_killed: Vec<String> = system
+        .store_client
+        .list_active_runs(store_pb::ListActiveRunsRequest {
+            owner: Some(killed_member.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .runs
+        .into_iter()
+        .filter(|r| r.status == store_pb::RunStatus::Running as i32)
+        .map(|r| r.run_id)
+        .collect();
+    let takeover = takeover_times(&mut system, &killed_member, &its_partitions, killed_at).await;
+    tokio::time::sleep(rng.millis(1_000, 2_000)).await;
+
+    // 2. SIGSTOP another for twice the TTL: its leases lapse and move; on
+    // SIGCONT its first acts are refused, and it stops.
+    let others: Vec<usize> = (0..COORDINATORS).filter(|s| *s != killed).collect();
+    let stopped = others[rng.below(others.len() as u64) as usize];
+    let stale_before = ha::stale_owner_refusals(&system.store).await;
+    system.slots[stopped].slot.process.signal("STOP");
+    tokio::time::sleep(2 * TTL).await;
+    system.slots[stopped].slot.process.signal("CONT");
+    system
+        .until_exited(stopped, "stopped for longer than its lease")
+        .await;
+    let stale_after_stop = ha::stale_owner_refusals(&system.store).await;
+    system.heal().await;
+    tokio::time::sleep(rng.millis(1_000, 2_000)).await;
+
+    // 3. Partition the third from the store for twice the TTL: it fences
+    // itself, and hears the verdict once the link is back.
+    let third = (0..COORDINATORS)
+        .find(|s| *s != killed && *s != stopped)
+        .expect("three coordinators");
+    system
+        .until_spread(COORDINATORS - 1, "before the partition")
+        .await;
+    system.slots[third].slot.store_link.partition(2 * TTL);
+    system
+        .until_exited(third, "partitioned from the store")
+        .await;
+    let stale_after_cut = ha::stale_owner_refusals(&system.store).await;
+    system.heal().await;
+
+    // 4. Restart the killed one: the partitions rebalance onto it.
+    system.slots[killed].down = false;
+    system.heal().await;
+    system.until_spread(COORDINATORS, "after the restart").await;
+    tokio::time::sleep(rng.millis(1_000, 2_000)).await;
+
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        let outcome = match tokio::time::timeout(DRAIN, client).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(panicked)) => Err(panicked.to_string()),
+            Err(_) => Err("timed out".into()),
+        };
+        if let Err(e) = outcome {
+            panic!("a client failed: {e}\n{}", system.output());
+        }
+    }
+
+    // Checks.
+    let executions = system.runtime.executions();
+    let duplicates: Vec<_> = executions.iter().filter(|(_, n)| **n > 1).collect();
+    let runs = journal.runs.lock().unwrap().clone();
+    let mut missing = Vec::new();
+    let mut statuses: HashMap<String, usize> = HashMap::new();
+    let mut record_status: HashMap<String, store_pb::RunStatus> = HashMap::new();
+    for sent in runs.values() {
+        for run in sent {
+            let record = system
+                .store_client
+                .get_run(store_pb::GetRunRequest {
+                    run_id: run.run_id.clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .record;
+            let Some(record) = record else {
+                if run.acknowledged {
+                    missing.push(run.run_id.clone());
+                }
+                continue;
+            };
+            let status = store_pb::RunStatus::try_from(record.status).unwrap();
+            use store_pb::RunStatus as S;
+            if !matches!(
+                status,
+                S::Ok | S::Error | S::Aborted | S::Superseded | S::Lost | S::Timeout
+            ) {
+                missing.push(format!("{} ({status:?})", run.run_id));
+            }
+            if run.ended.as_deref().is_some_and(|e| e.starts_with("final")) && status != S::Ok {
+                let logs: Vec<String> = system
+                    .output()
+                    .lines()
+                    .filter(|l| l.contains(&run.run_id) || l.starts_with("===="))
+                    .map(str::to_owned)
+                    .collect();
+                panic!(
+                    "{}: the client saw it finish ({:?}), but its record is {record:?}\n{}",
+                    run.run_id,
+                    run.ended,
+                    logs.join("\n")
+                );
+            }
+            let kind = record
+                .outcome_json
+                .as_deref()
+                .and_then(|o| serde_json::from_str::<serde_json::Value>(o).ok())
+                .and_then(|o| o["error"]["kind"].as_str().map(str::to_owned));
+            let label = match kind {
+                Some(kind) if status != S::Lost => format!("{status:?} ({kind})"),
+                _ => format!("{status:?}"),
+            };
+            *statuses.entry(label).or_default() += 1;
+            record_status.insert(run.run_id.clone(), status);
+        }
+    }
+    let mut lane_violations = Vec::new();
+    for (session, sent) in &runs {
+        let key = format!("scale-{session}");
+        let blocks = run_blocks(&mut system.store_client, &key).await;
+        let order: Vec<&str> = sent.iter().map(|r| r.run_id.as_str()).collect();
+        let jumpers: HashSet<&str> = sent
+            .iter()
+            .filter(|r| r.interrupt)
+            .map(|r| r.run_id.as_str())
+            .collect();
+        if let Err(e) = check_lane_order(&blocks, &order, &jumpers) {
+            lane_violations.push(format!("{key}: {e}"));
+        }
+    }
+    let killed_not_lost: Vec<_> = executing_on_killed
+        .iter()
+        .filter(|id| {
+            record_status
+                .get(*id)
+                .is_some_and(|s| *s != store_pb::RunStatus::Lost)
+        })
+        .collect();
+    let table = system.leases().await;
+    let takes: u64 = table.leases.iter().map(|l| l.epoch).sum::<u64>() - u64::from(PARTITIONS);
+    let total: usize = runs.values().map(Vec::len).sum();
+    let ms = |d: &Duration| d.as_millis();
+    clawgate_system_tests::report(&format!(
+        "scale-out: runs {total}, kills 1, coordinator restarts {}, partition takes after the first {takes}, \
+         retries {}, takeover of {} partitions p50 {} ms max {} ms (goal {} ms), \
+         STALE_OWNER refusals: stop phase {}, partition phase {}, record statuses {statuses:?}, \
+         executing on the killed pod {}, duplicates {}, missing or not terminal {}, lane violations {}, killed not lost {}",
+        system.restarts.len(),
+        journal.retries.load(Ordering::Relaxed),
+        takeover.len(),
+        ms(&takeover[takeover.len() / 2]),
+        ms(takeover.last().unwrap()),
+        ms(&(TTL + 2 * RENEW)),
+        stale_after_stop - stale_before,
+        stale_after_cut - stale_after_stop,
+        executing_on_killed.len(),
+        duplicates.len(),
+        missing.len(),
+        lane_violations.len(),
+        killed_not_lost.len(),
+    ));
+    for why in &system.restarts {
+        clawgate_system_tests::report(&format!("scale-out: restarted after: {why}"));
+    }
+    assert!(
+        duplicates.is_empty(),
+        "runs executed more than once: {duplicates:?}"
+    );
+    assert!(
+        missing.is_empty(),
+        "acknowledged runs missing or not terminal: {missing:?}"
+    );
+    assert!(lane_violations.is_empty(), "{lane_violations:#?}");
+    assert!(
+        killed_not_lost.is_empty(),
+        "runs executing on the killed coordinator that did not end lost: {killed_not_lost:?}"
+    );
+    assert!(
+        stale_after_stop > stale_before,
+        "the stopped coordinator's late acts were not refused"
+    );
+    assert!(
+        stale_after_cut > stale_after_stop,
+        "the partitioned coordinator's late acts were not refused"
+    );
+    assert!(
+        total >= SESSIONS * WINDOW,
+        "the clients got little done: {total}"
+    );
+    drop(system);
+    session_store::backend::postgres::drop_schema(&ha::postgres_url(), &schema)
+        .await
+        .expect("drop the test's schema");
+}
