@@ -371,3 +371,85 @@ async fn runs_of_a_coordinator_cut_off_from_everyone_end_lost_for_clients() {
     b.stop.cancel();
     c.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balanced_coordinators_behind_one_edge_follow_a_join() {
+    let split = Split::start(16).await;
+    let balanced = |mut options: common::split::MemberOptions| {
+        options.balanced = true;
+        options
+    };
+    let a = split
+        .member(StubRuntime::new(), balanced(split.options().await))
+        .await;
+    let b = split
+        .member(StubRuntime::new(), balanced(split.options().await))
+        .await;
+    split.until_spread(&[&a, &b]).await;
+    // Seeded with one of them only: the other is found in the leases.
+    let (url, edge) = split.edge(split.edge_config(&a.url), 2).await;
+    assert_streams_from(&edge, &[&a, &b]);
+    let mut client = Client::connect(&url, &[ADMIN]).await;
+    for (n, member) in [&a, &b].into_iter().enumerate() {
+        let session = split.session_in(member.partitions()[0], 0);
+        runs_on(
+            &split,
+            &mut client,
+            &session,
+            &format!("before-{n}"),
+            member,
+        )
+        .await;
+    }
+
+    // A run going and one queued behind it in every partition.
+    for p in 0..split.partitions {
+        let session = split.session_in(p, 2);
+        busy(
+            &mut client,
+            &session,
+            &format!("long-{p}"),
+            &format!("queued-{p}"),
+        )
+        .await;
+    }
+
+    let before = [a.partitions(), b.partitions()];
+
+    // A third joins: partitions move to it by handoff, and the edge follows.
+    let c = split
+        .member(StubRuntime::new(), balanced(split.options().await))
+        .await;
+    split.until_spread(&[&a, &b, &c]).await;
+    until_streams(&edge, 3).await;
+    assert_streams_from(&edge, &[&a, &b, &c]);
+    let after = [a.partitions(), b.partitions(), c.partitions()];
+    // Every run ends for the client, the moved ones too (those executing
+    // finish or are aborted by the handoff); each queued one ran, on its
+    // partition's owner before the move or after it.
+    for p in 0..split.partitions {
+        let end = chat_end(&mut client, &format!("long-{p}")).await;
+        assert!(
+            matches!(end["payload"]["state"].as_str(), Some("final" | "aborted")),
+            "{end}"
+        );
+        let queued = format!("queued-{p}");
+        let end = chat_end(&mut client, &queued).await;
+        assert_eq!(end["payload"]["state"], "final", "{end}");
+        let ran = owner_of(&split, &queued).await;
+        let held = |m: &&Member, share: &Vec<u32>| share.contains(&p) && m.id() == ran;
+        assert!(
+            [&a, &b].iter().zip(&before).any(|(m, s)| held(m, s))
+                || [&a, &b, &c].iter().zip(&after).any(|(m, s)| held(m, s)),
+            "{queued} ran on {ran}, which held partition {p} neither before nor after the join"
+        );
+    }
+    for (n, member) in [&a, &b, &c].into_iter().enumerate() {
+        let session = split.session_in(member.partitions()[0], 1);
+        runs_on(&split, &mut client, &session, &format!("after-{n}"), member).await;
+    }
+    split.stop.cancel();
+    for member in [a, b, c] {
+        member.stop.cancel();
+    }
+}

@@ -11,12 +11,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawgate_common::partition::partition_of;
+use clawgate_common::partition::{partition_of, rendezvous_owner};
 use gateway_edge::config::EdgeConfig;
 use gateway_edge::edge::Edge;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::coordinator::Coordinator;
-use run_coordinator::ownership::{OwnershipConfig, OwnershipMode};
+use run_coordinator::ownership::{OwnershipConfig, OwnershipMode, Placement};
 use run_coordinator::runtime::AgentRuntime;
 use session_store::backend::memory::MemoryStore;
 use session_store::model::AcquireLeases;
@@ -65,6 +65,9 @@ pub struct MemberOptions {
     pub advertise: Option<String>,
     /// How long executing runs may take to finish at a graceful shutdown.
     pub drain_timeout: Duration,
+    /// `--placement balanced` (its share of the partitions by rendezvous
+    /// hashing over the live members) instead of all-on-one.
+    pub balanced: bool,
 }
 
 impl Member {
@@ -130,6 +133,7 @@ impl Split {
             listener: TcpListener::bind("127.0.0.1:0").await.unwrap(),
             advertise: None,
             drain_timeout: Duration::from_secs(5),
+            balanced: false,
         }
     }
 
@@ -142,6 +146,11 @@ impl Split {
         let config = CoordinatorConfig {
             ownership: OwnershipConfig {
                 mode: OwnershipMode::Lease,
+                placement: match options.balanced {
+                    true => Placement::Balanced,
+                    false => Placement::AllOnOne,
+                },
+                handoff_timeout: Duration::from_secs(2),
                 advertise_address: url.clone(),
                 lease_ttl: LEASE_TTL,
                 renew_interval: RENEW_INTERVAL,
@@ -201,6 +210,40 @@ impl Split {
         second.until_serving().await;
         assert_eq!(second.partitions(), odd);
         (first, second)
+    }
+
+    /// Waits until `members` (balanced) hold the partitions as rendezvous
+    /// hashing places them over these members, all serving: where
+    /// placement rests until a member joins or leaves.
+    pub async fn until_spread(&self, members: &[&Member]) {
+        let ids: Vec<&str> = members.iter().map(|m| m.id()).collect();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let shares: Vec<Vec<u32>> = members.iter().map(|m| m.partitions()).collect();
+            let placed = (0..self.partitions).all(|p| {
+                let owner = rendezvous_owner(p, &ids).expect("members");
+                members
+                    .iter()
+                    .zip(&shares)
+                    .all(|(m, share)| share.contains(&p) == (m.id() == owner))
+            });
+            let serving = members
+                .iter()
+                .all(|m| m.coordinator.ownership().is_serving());
+            if placed && serving {
+                return;
+            }
+            let lost: Vec<Option<String>> = members
+                .iter()
+                .map(|m| m.coordinator.ownership().lost_reason())
+                .collect();
+            assert!(
+                Instant::now() < deadline,
+                "the partitions never settled over {} members: {shares:?} (lost: {lost:?})",
+                members.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// A session name (as a client gives it) whose canonical key is in
