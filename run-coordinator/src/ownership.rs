@@ -347,7 +347,8 @@ impl Ownership {
                 .is_some_and(|s| s.epoch().is_some())
     }
 
-    fn epoch_of(&self, partition: u32) -> Option<u64> {
+    /// The epoch `partition` is held under, if held.
+    pub fn epoch_of(&self, partition: u32) -> Option<u64> {
         self.held
             .read()
             .unwrap()

@@ -136,6 +136,7 @@ impl Inner {
         if tokens.is_empty() {
             return Ok(true);
         }
+        let sent: HashMap<u32, u64> = tokens.iter().map(|t| (t.partition, t.epoch)).collect();
         let grant = self
             .store
             .renew_leases(RenewLeases {
@@ -144,29 +145,29 @@ impl Inner {
                 ttl_ms: self.config.ownership.lease_ttl.as_millis() as u64,
             })
             .await?;
-        let handing_off: HashSet<u32> = self
-            .ownership
-            .held()
-            .into_iter()
-            .filter_map(|(p, draining)| draining.then_some(p))
-            .collect();
-        // A partition being handed off may have been released by its
-        // handoff meanwhile: refused, it is simply gone.
-        let (gone, lost): (Vec<_>, Vec<_>) = grant
-            .refused
-            .iter()
-            .partition(|lease| handing_off.contains(&lease.partition));
-        let gone: Vec<u32> = gone.iter().map(|lease| lease.partition).collect();
-        self.ownership.forget(&gone);
-        if let Some(lease) = lost.first() {
-            self.ownership.lose(format!(
-                "the lease of partition {} was refused on renewal (now held by {} at epoch {})",
-                lease.partition,
-                lease.owner.as_deref().unwrap_or("nobody"),
-                lease.epoch
-            ));
-            return Ok(false);
+        let held: HashMap<u32, bool> = self.ownership.held().into_iter().collect();
+        let mut gone = Vec::new();
+        for lease in &grant.refused {
+            let partition = lease.partition;
+            // Released by its handoff while the renewal was on its way, or
+            // held again under a newer tenure: nothing was lost.
+            let same_tenure = self.ownership.epoch_of(partition) == sent.get(&partition).copied();
+            match held.get(&partition) {
+                None => {}
+                Some(_) if !same_tenure => {}
+                // Being handed off: refused, it is simply gone.
+                Some(true) => gone.push(partition),
+                Some(false) => {
+                    self.ownership.lose(format!(
+                        "the lease of partition {partition} was refused on renewal (now held by {} at epoch {})",
+                        lease.owner.as_deref().unwrap_or("nobody"),
+                        lease.epoch
+                    ));
+                    return Ok(false);
+                }
+            }
         }
+        self.ownership.forget(&gone);
         Ok(true)
     }
 
