@@ -27,13 +27,14 @@
 //! # }
 //! ```
 
+mod config;
 pub mod map;
 mod router;
 pub mod routes;
+pub mod status;
 
+pub use config::{RouterConfig, Routes};
 pub use map::{Owner, PartitionMap};
-pub use router::{
-    CoordinatorClient, Router, RouterConfig, Routes, error_detail, leader_hint, settings_changed,
-    should_fail_over,
-};
+pub use router::{CoordinatorClient, Router};
 pub use routes::{RunRoutes, merge_active};
+pub use status::{error_detail, leader_hint, settings_changed, should_fail_over};

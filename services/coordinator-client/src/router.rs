@@ -15,16 +15,15 @@ use session_store_api::{SessionKey, SessionStore, grpc::client::RemoteStore};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tonic::Status;
 use tonic::transport::Endpoint;
-use tonic::{Code, Status};
 
+use crate::config::{RouterConfig, Routes};
 use crate::map::PartitionMap;
 use crate::routes::{RunRoutes, merge_active};
+use crate::status::{leader_hint, should_fail_over};
 
 pub type CoordinatorClient = RunCoordinatorClient<TracedChannel>;
-
-const DETAIL_TYPE_URL: &str =
-    "type.googleapis.com/clawgate.run_coordinator.v1.CoordinatorErrorDetail";
 
 /// Lease reads closer together than this are one read (a failover makes
 /// every call in flight ask at once).
@@ -33,102 +32,6 @@ const MIN_REFRESH: Duration = Duration::from_millis(100);
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Clients kept for addresses no longer named anywhere, at most.
 const MAX_CLIENTS: usize = 64;
-
-/// The machine-readable detail of a coordinator's error, if it has one.
-pub fn error_detail(status: &Status) -> Option<pb::CoordinatorErrorDetail> {
-    clawgate_proto::status_detail::detail_of(status, DETAIL_TYPE_URL)
-}
-
-/// The owner's address a coordinator's error names, if any.
-pub fn leader_hint(status: &Status) -> Option<String> {
-    error_detail(status)
-        .and_then(|d| d.leader_address)
-        .filter(|a| !a.is_empty())
-}
-
-/// Whether the coordinator refused a Submit because the session's settings
-/// are not those it was made from (nothing was admitted).
-pub fn settings_changed(status: &Status) -> bool {
-    error_detail(status).is_some_and(|d| d.code == pb::ErrorCode::SettingsChanged as i32)
-}
-
-/// Whether another coordinator may answer where this one did not
-/// (UNAVAILABLE, which NOT_OWNER is).
-pub fn should_fail_over(status: &Status) -> bool {
-    status.code() == Code::Unavailable
-}
-
-#[derive(Debug, Clone)]
-pub struct RouterConfig {
-    /// The configured coordinator addresses, in order: used before the
-    /// first lease table, while nobody holds a lease, and as the fallback
-    /// when an owner does not answer.
-    pub addresses: Vec<String>,
-    /// How long a call keeps retrying through a failover (UNAVAILABLE)
-    /// before it fails. Zero: one attempt.
-    pub failover_timeout: Duration,
-    /// HTTP/2 keepalive on every coordinator connection: a coordinator that
-    /// stops answering fails its calls and streams after about twice this.
-    pub keepalive: Duration,
-    /// The service token the calls carry.
-    pub tokens: Option<ServiceTokens>,
-    /// Most runs whose session is remembered for run-scoped calls.
-    pub run_routes: usize,
-    /// How often the store looks for lease changes for this router.
-    pub lease_watch_interval: Duration,
-}
-
-impl RouterConfig {
-    pub const DEFAULT_RUN_ROUTES: usize = 100_000;
-
-    /// `addresses`: comma-separated; the other settings at their defaults
-    /// (30 s failover timeout, 2 s keepalive, no token, 100 000 run routes,
-    /// a 1 s lease watch).
-    pub fn new(addresses: &str) -> anyhow::Result<Self> {
-        let addresses: Vec<String> = addresses
-            .split(',')
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .map(str::to_owned)
-            .collect();
-        anyhow::ensure!(!addresses.is_empty(), "no run coordinator address given");
-        Ok(Self {
-            addresses,
-            failover_timeout: Duration::from_secs(30),
-            keepalive: Duration::from_secs(2),
-            tokens: None,
-            run_routes: Self::DEFAULT_RUN_ROUTES,
-            lease_watch_interval: Duration::from_secs(1),
-        })
-    }
-}
-
-/// Where calls go: the partition map and, for when the partitions are not
-/// split over several coordinators, the one coordinator followed.
-#[derive(Debug, Clone)]
-pub struct Routes {
-    pub map: Arc<PartitionMap>,
-    /// The coordinator every call goes to while the partitions are not
-    /// split (all on one owner, or none known): the first configured
-    /// address at first, then the leader it is pointed to on UNAVAILABLE.
-    pub current: String,
-}
-
-impl Routes {
-    /// The coordinators whose all-runs event streams together carry every
-    /// run's events: each live owner when the partitions are split (every
-    /// owner if none is live), else the one followed.
-    pub fn stream_addresses(&self, now: Instant) -> Vec<String> {
-        if self.map.is_split() {
-            let live = self.map.live_addresses(now);
-            if !live.is_empty() {
-                return live;
-            }
-            return self.map.addresses();
-        }
-        vec![self.current.clone()]
-    }
-}
 
 /// Which coordinator a call is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
