@@ -519,7 +519,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
     let runs = journal.runs.lock().unwrap().clone();
     let mut missing = Vec::new();
     let mut statuses: HashMap<String, usize> = HashMap::new();
-    let mut record_status: HashMap<String, store_pb::RunStatus> = HashMap::new();
+    let mut record_status: HashMap<String, (store_pb::RunStatus, String)> = HashMap::new();
     for sent in runs.values() {
         for run in sent {
             let record = system
@@ -569,7 +569,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
                 _ => format!("{status:?}"),
             };
             *statuses.entry(label).or_default() += 1;
-            record_status.insert(run.run_id.clone(), status);
+            record_status.insert(run.run_id.clone(), (status, record.owner.clone()));
         }
     }
     let mut lane_violations = Vec::new();
@@ -586,13 +586,19 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
             lane_violations.push(format!("{key}: {e}"));
         }
     }
+    // A run executing on the killed coordinator ends `lost`, settled by
+    // the next owner; or ends as the killed one decided, when its last
+    // write was already on its way to the store at the SIGKILL (the
+    // record then still names the killed coordinator as its owner). Any
+    // other end is a second owner acting on it.
     let killed_not_lost: Vec<_> = executing_on_killed
         .iter()
         .filter(|id| {
-            record_status
-                .get(*id)
-                .is_some_and(|s| *s != store_pb::RunStatus::Lost)
+            record_status.get(*id).is_some_and(|(status, owner)| {
+                *status != store_pb::RunStatus::Lost && *owner != killed_member
+            })
         })
+        .map(|id| (id, record_status[id].clone()))
         .collect();
     let table = system.leases().await;
     let takes: u64 = table.leases.iter().map(|l| l.epoch).sum::<u64>() - u64::from(PARTITIONS);
