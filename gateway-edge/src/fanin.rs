@@ -23,7 +23,7 @@
 //! going on a coordinator whose stream was open before the lookup and still
 //! is leaves the end to that stream.
 //!
-//! `edge.fanout_ready` (`/readyz`) is true while every wanted stream is open.
+//! `edge.fanout_ready` (`/readyz`) is true while any wanted stream is open.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -110,13 +110,16 @@ impl FanIn {
     }
 }
 
+/// Ready while at least one wanted stream is open: with the partitions
+/// spread, a coordinator going away must not take every edge out of its
+/// Service until its partitions have moved (the others' sessions are
+/// served meanwhile, and the moved runs' ends are looked up).
 fn ready(edge: &Edge, book: &StreamBook) {
-    let all_open = !book.wanted.is_empty()
-        && book
-            .wanted
-            .iter()
-            .all(|a| book.open.get(a).is_some_and(|(_, open)| open.is_some()));
-    edge.fanout_ready.store(all_open, Ordering::Relaxed);
+    let any_open = book
+        .wanted
+        .iter()
+        .any(|a| book.open.get(a).is_some_and(|(_, open)| open.is_some()));
+    edge.fanout_ready.store(any_open, Ordering::Relaxed);
 }
 
 /// A running stream task.
