@@ -115,11 +115,15 @@ impl FanIn {
 /// Service until its partitions have moved (the others' sessions are
 /// served meanwhile, and the moved runs' ends are looked up).
 fn ready(edge: &Edge, book: &StreamBook) {
-    let any_open = book
-        .wanted
-        .iter()
-        .any(|a| book.open.get(a).is_some_and(|(_, open)| open.is_some()));
-    edge.fanout_ready.store(any_open, Ordering::Relaxed);
+    edge.fanout_ready.store(book.any_open(), Ordering::Relaxed);
+}
+
+impl StreamBook {
+    fn any_open(&self) -> bool {
+        self.wanted
+            .iter()
+            .any(|a| self.open.get(a).is_some_and(|(_, open)| open.is_some()))
+    }
 }
 
 /// A running stream task.
@@ -507,5 +511,27 @@ async fn look_up_one(edge: Arc<Edge>, run_id: String) {
             memory.pending.remove(&run_id);
         }
         None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_while_any_wanted_stream_is_open() {
+        let mut book = StreamBook {
+            wanted: vec!["a".into(), "b".into()],
+            ..StreamBook::default()
+        };
+        assert!(!book.any_open(), "nothing open yet");
+        book.open.insert("a".into(), (1, None));
+        book.open.insert("b".into(), (2, Some(7)));
+        assert!(book.any_open(), "one coordinator's stream is enough");
+        book.open.insert("b".into(), (2, None));
+        assert!(!book.any_open(), "none open");
+        // A stream nobody wants any more does not count.
+        book.open.insert("c".into(), (3, Some(8)));
+        assert!(!book.any_open());
     }
 }
