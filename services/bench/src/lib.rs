@@ -92,11 +92,15 @@
 //! `--url`/`--token` point the scenarios at any gateway that speaks the
 //! protocol (nothing there knows clawgate). `suite` starts the real
 //! topologies itself (see [`suite`]) and prints one table with the floors.
+//! `scale` starts one store and 1, 2, 3, … coordinators sharing its
+//! partitions (balanced placement) and reports complete runs per second
+//! for each count, with the scaling factor (see [`scale`]).
 
 pub mod client;
 pub mod floor;
 pub mod http;
 pub mod procs;
+pub mod scale;
 pub mod scenarios;
 pub mod stats;
 pub mod stores;

@@ -1,7 +1,8 @@
 //! `clawgate-bench`: load against an OpenClaw-protocol gateway (`--url`,
 //! `--token`), or `suite`: the real topologies started here, every
-//! scenario against each, the floors beside. Prints one Markdown table
-//! (see the library for the scenarios and the floors).
+//! scenario against each, the floors beside; or `scale`: complete runs per
+//! second by coordinator count. Prints one Markdown table (see the library
+//! for the scenarios and the floors).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use clawgate_bench::procs::{Settings, Topology};
 use clawgate_bench::scenarios::{Target, startup};
 use clawgate_bench::stores::{self, Backend};
 use clawgate_bench::suite::{self, SuitePlan};
-use clawgate_bench::{Echo, Plan, Row, Scenario, floor, parse_scenarios, scenarios, table};
+use clawgate_bench::{Echo, Plan, Row, Scenario, floor, parse_scenarios, scale, scenarios, table};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,6 +33,11 @@ enum Command {
     /// Start the real topologies (from --bin-dir) on each backend, run every
     /// scenario against each, measure the floors, print one table.
     Suite(SuiteArgs),
+    /// One store and 1, 2, 3, … run coordinators with balanced placement
+    /// (from --bin-dir), the echo runtime paced so that it is the
+    /// bottleneck: complete runs per second for each count, the scaling
+    /// factor and the ideal.
+    Scale(ScaleArgs),
 }
 
 /// Against a running gateway.
@@ -61,18 +67,14 @@ struct Direct {
     load: Load,
 }
 
+/// The binaries the systems are started from, and the PostgreSQL their
+/// stores are made in (`suite`, `scale`).
 #[derive(Debug, clap::Args)]
-struct SuiteArgs {
+struct Systems {
     /// Where clawgate, session-store, run-coordinator and gateway-edge are
     /// [default: this binary's directory, e.g. target/release].
     #[arg(long)]
     bin_dir: Option<PathBuf>,
-    /// Topologies, comma-separated: all-in-one, split.
-    #[arg(long, value_delimiter = ',', default_value = "all-in-one,split")]
-    topologies: Vec<String>,
-    /// Store backends, comma-separated: embedded, postgres.
-    #[arg(long, value_delimiter = ',', default_value = "embedded,postgres")]
-    backends: Vec<String>,
     /// PostgreSQL for the postgres backend: a user that may create
     /// databases (each system gets a fresh one, dropped after).
     #[arg(
@@ -81,11 +83,90 @@ struct SuiteArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     postgres_url: String,
+}
+
+impl Systems {
+    fn bin_dir(&self) -> anyhow::Result<PathBuf> {
+        match &self.bin_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => own_dir(),
+        }
+    }
+
+    fn backend(&self, name: &str) -> anyhow::Result<Backend> {
+        match name {
+            "embedded" => Ok(Backend::Embedded),
+            "postgres" => Ok(Backend::Postgres {
+                admin_url: self.postgres_url.clone(),
+            }),
+            other => anyhow::bail!("unknown backend {other:?} (embedded, postgres)"),
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct SuiteArgs {
+    #[command(flatten)]
+    systems: Systems,
+    /// Topologies, comma-separated: all-in-one, split.
+    #[arg(long, value_delimiter = ',', default_value = "all-in-one,split")]
+    topologies: Vec<String>,
+    /// Store backends, comma-separated: embedded, postgres.
+    #[arg(long, value_delimiter = ',', default_value = "embedded,postgres")]
+    backends: Vec<String>,
     /// The edge's --preauth-per-ip.
     #[arg(long, default_value_t = 256)]
     preauth_per_ip: usize,
     #[command(flatten)]
     load: Load,
+}
+
+#[derive(Debug, clap::Args)]
+struct ScaleArgs {
+    #[command(flatten)]
+    systems: Systems,
+    /// Coordinator counts, comma-separated: one system each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    coordinators: Vec<usize>,
+    /// The store's backend: embedded or postgres.
+    #[arg(long, default_value = "embedded")]
+    backend: String,
+    /// Edges, each given every coordinator; the sessions go to them in turn.
+    #[arg(long, default_value_t = 1)]
+    edges: usize,
+    /// Load connections, each on a session of its own sending run after run.
+    #[arg(long, default_value_t = 64)]
+    sessions: usize,
+    /// Load before the measured window.
+    #[arg(long, default_value = "5s", value_parser = clawgate_common::parse_duration)]
+    warmup: Duration,
+    /// The measured window.
+    #[arg(long, default_value = "30s", value_parser = clawgate_common::parse_duration)]
+    duration: Duration,
+    /// Runs measured one at a time before the load (one run's time).
+    #[arg(long, default_value_t = 5)]
+    alone_runs: usize,
+    /// Each coordinator's --max-executing.
+    #[arg(long, default_value_t = 4)]
+    max_executing: usize,
+    /// The echo runtime's pieces per reply.
+    #[arg(long, default_value_t = 10)]
+    echo_chunks: usize,
+    /// The echo runtime's pause before each piece.
+    #[arg(long, default_value = "20ms", value_parser = clawgate_common::parse_duration)]
+    echo_pace: Duration,
+    /// The store's --partitions [default: the store's, 256].
+    #[arg(long)]
+    partitions: Option<u32>,
+    /// The coordinators' --lease-ttl.
+    #[arg(long, default_value = "2s", value_parser = clawgate_common::parse_duration)]
+    lease_ttl: Duration,
+    /// The coordinators' --lease-renew-interval.
+    #[arg(long, default_value = "400ms", value_parser = clawgate_common::parse_duration)]
+    lease_renew_interval: Duration,
+    /// Prefix of the session keys the load uses.
+    #[arg(long, default_value = "bench")]
+    session_prefix: String,
 }
 
 /// What to run, in either mode.
@@ -243,21 +324,12 @@ async fn suite(args: SuiteArgs) -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
     let backends = args
         .backends
         .iter()
-        .map(|name| match name.as_str() {
-            "embedded" => Ok(Backend::Embedded),
-            "postgres" => Ok(Backend::Postgres {
-                admin_url: args.postgres_url.clone(),
-            }),
-            other => anyhow::bail!("unknown backend {other:?} (embedded, postgres)"),
-        })
+        .map(|name| args.systems.backend(name))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let plan = SuitePlan {
         settings: args.load.settings(token, args.preauth_per_ip, &load),
         load,
-        bin_dir: match args.bin_dir {
-            Some(dir) => dir,
-            None => own_dir()?,
-        },
+        bin_dir: args.systems.bin_dir()?,
         topologies,
         backends,
         startup_runs: args.load.startup_runs,
@@ -265,13 +337,60 @@ async fn suite(args: SuiteArgs) -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
     Ok(suite::run(&plan).await)
 }
 
+async fn scale(args: ScaleArgs) -> anyhow::Result<Vec<scale::ScaleRow>> {
+    anyhow::ensure!(
+        !args.coordinators.is_empty() && args.coordinators.iter().all(|&n| n > 0),
+        "--coordinators must be positive counts"
+    );
+    anyhow::ensure!(
+        args.sessions > 0 && args.max_executing > 0 && !args.duration.is_zero(),
+        "--sessions, --max-executing and --duration must be positive"
+    );
+    let plan = scale::ScalePlan {
+        bin_dir: args.systems.bin_dir()?,
+        backend: args.systems.backend(&args.backend)?,
+        coordinators: args.coordinators,
+        edges: args.edges.max(1),
+        sessions: args.sessions,
+        warmup: args.warmup,
+        duration: args.duration,
+        alone_runs: args.alone_runs.max(1),
+        partitions: args.partitions,
+        lease_ttl: args.lease_ttl,
+        lease_renew: args.lease_renew_interval,
+        settings: Settings {
+            echo: Echo {
+                chunks: args.echo_chunks.max(1),
+                pace: args.echo_pace,
+            },
+            token: uuid::Uuid::new_v4().simple().to_string(),
+            max_connections: (args.sessions + 64).max(1024),
+            preauth_per_ip: 256,
+            max_executing: Some(args.max_executing),
+        },
+        session_prefix: args.session_prefix,
+    };
+    let rows = scale::run(&plan).await;
+    print!("{}", scale::table(&plan, &rows));
+    Ok(rows)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let work = async {
         match args.command {
-            Some(Command::Suite(suite_args)) => suite(suite_args).await,
-            None => direct(args.direct).await,
+            Some(Command::Suite(suite_args)) => suite(suite_args).await.map(Some),
+            Some(Command::Scale(scale_args)) => {
+                let rows = scale(scale_args).await?;
+                let failed = rows.iter().filter(|r| r.outcome.is_err()).count();
+                anyhow::ensure!(
+                    failed == 0,
+                    "{failed} coordinator counts could not be measured"
+                );
+                Ok(None)
+            }
+            None => direct(args.direct).await.map(Some),
         }
     };
     // SIGINT or SIGTERM drops the work (the processes it started are
@@ -283,7 +402,9 @@ async fn main() -> anyhow::Result<()> {
         _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
     };
     stores::drop_leftovers().await;
-    let (rows, floors) = outcome?;
+    let Some((rows, floors)) = outcome? else {
+        return Ok(());
+    };
     print!("{}", table(&rows, &floors));
     let failed: Vec<&Row> = rows.iter().chain(&floors).filter(|r| r.failed()).collect();
     for row in &failed {

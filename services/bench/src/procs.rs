@@ -318,40 +318,68 @@ async fn start_services(
         services.push(Service::start(command, "clawgate", EDGE_READY).await?);
         return Ok(());
     }
+    let command = store_command(bin_dir, store, &[])?;
+    services.push(Service::start(command, "session-store", STORE_READY).await?);
+    let store_url = services[0].url();
+    let command = coordinator_command(bin_dir, &store_url, settings)?;
+    services.push(Service::start(command, "run-coordinator", COORDINATOR_READY).await?);
+    let coordinator_url = services[1].url();
+    let command = edge_command(bin_dir, &coordinator_url, &store_url, settings)?;
+    services.push(Service::start(command, "gateway-edge", EDGE_READY).await?);
+    Ok(())
+}
+
+/// The store's ready line.
+pub const STORE_READY: &str = "session store serving gRPC";
+/// The coordinator's ready line (a lease-mode one logs it before it holds
+/// any partition).
+pub const COORDINATOR_READY: &str = "run coordinator serving gRPC";
+
+/// `session-store` on port 0 on `store` (a file path or a `postgres://`
+/// URL), with `extra` arguments.
+pub fn store_command(bin_dir: &Path, store: &str, extra: &[&str]) -> anyhow::Result<Command> {
     let mut command = service_command(&binary(bin_dir, "session-store")?);
     command
         .args(["--listen", ANY_PORT, "--metrics-listen", ANY_PORT])
-        .args(["--store", store]);
-    let ready = "session store serving gRPC";
-    services.push(Service::start(command, "session-store", ready).await?);
-    let store_url = services[0].url();
+        .args(["--store", store])
+        .args(extra);
+    Ok(command)
+}
 
+/// `run-coordinator` on port 0 against the store at `store_url`, with the
+/// echo runtime (static ownership unless more flags say otherwise).
+pub fn coordinator_command(
+    bin_dir: &Path,
+    store_url: &str,
+    settings: &Settings,
+) -> anyhow::Result<Command> {
     let mut command = service_command(&binary(bin_dir, "run-coordinator")?);
     command
         .args(["--listen", ANY_PORT, "--metrics-listen", ANY_PORT])
-        .args(["--store-address", &store_url, "--runtime", "echo"])
+        .args(["--store-address", store_url, "--runtime", "echo"])
         .args(["--echo-chunks", &settings.echo.chunks.to_string()])
         .args(["--echo-pace", &pace(&settings.echo)]);
     if let Some(cap) = settings.max_executing {
         command.args(["--max-executing", &cap.to_string()]);
     }
-    let ready = "run coordinator serving gRPC";
-    services.push(Service::start(command, "run-coordinator", ready).await?);
-    let coordinator_url = services[1].url();
+    Ok(command)
+}
 
+/// `gateway-edge` on port 0, given `coordinators` (one address or several,
+/// comma-separated) and the store at `store_url`.
+pub fn edge_command(
+    bin_dir: &Path,
+    coordinators: &str,
+    store_url: &str,
+    settings: &Settings,
+) -> anyhow::Result<Command> {
     let mut command = service_command(&binary(bin_dir, "gateway-edge")?);
     command
-        .args([
-            "--listen",
-            ANY_PORT,
-            "--coordinator-address",
-            &coordinator_url,
-        ])
-        .args(["--store-address", &store_url])
+        .args(["--listen", ANY_PORT, "--coordinator-address", coordinators])
+        .args(["--store-address", store_url])
         .args(["--auth-mode", "token", "--token", &settings.token]);
     edge_env(&mut command, settings);
-    services.push(Service::start(command, "gateway-edge", EDGE_READY).await?);
-    Ok(())
+    Ok(command)
 }
 
 /// Polls `address`'s `/readyz` every 2 ms until it answers 200.
@@ -380,6 +408,48 @@ pub fn vm_rss_kib(pid: u32) -> anyhow::Result<u64> {
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .with_context(|| format!("no VmRSS in {path}"))
+}
+
+/// CPU time `pid` has used (user + system, all its threads), in the
+/// kernel's clock ticks (the unit of [`machine_ticks`]).
+pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // After the command's name, in parentheses (which may hold spaces):
+    // state is field 3, utime 14, stime 15.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("no command name in {path}"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |at: usize| -> anyhow::Result<u64> {
+        let field = fields.get(at).with_context(|| format!("a short {path}"))?;
+        field
+            .parse()
+            .with_context(|| format!("cannot read {field:?} in {path}"))
+    };
+    Ok(tick(11)? + tick(12)?)
+}
+
+/// The whole machine's CPU time since boot, all cores, in clock ticks:
+/// (busy, total), where idle and iowait are not busy (`/proc/stat`).
+pub fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|line| line.starts_with("cpu "))
+        .context("no cpu line in /proc/stat")?;
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("cannot read {line:?}"))?;
+    anyhow::ensure!(ticks.len() == 8, "a short cpu line: {line:?}");
+    let total: u64 = ticks.iter().sum();
+    Ok((total - ticks[3] - ticks[4], total))
 }
 
 /// The soft and hard limits on open files of `pid` (this process: `None`).
@@ -427,5 +497,16 @@ mod tests {
         let (soft, hard) = open_files_limit(None).unwrap();
         assert!(soft > 0 && soft <= hard);
         assert!(vm_rss_kib(std::process::id()).unwrap() > 0);
+    }
+
+    #[test]
+    fn reads_cpu_time_of_this_process_and_the_machine() {
+        let spin = Instant::now();
+        while spin.elapsed() < Duration::from_millis(50) {
+            std::hint::black_box(0u64);
+        }
+        assert!(cpu_ticks(std::process::id()).unwrap() > 0);
+        let (busy, total) = machine_ticks().unwrap();
+        assert!(busy > 0 && busy <= total);
     }
 }

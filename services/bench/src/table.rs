@@ -55,7 +55,7 @@ fn ratio(figure: Duration, floor: Duration) -> String {
 }
 
 /// A cell's text: one line, no column separators.
-fn cell(text: &str) -> String {
+pub(crate) fn cell(text: &str) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut line: String = line.replace('|', "\\|");
     if line.chars().count() > CELL_ERROR_CHARS {

@@ -1,4 +1,6 @@
 //! What the bench's tests share: running the bench, finding its rows.
+//! (Each test binary uses a part of it.)
+#![allow(dead_code)]
 
 use tokio::process::Command;
 
@@ -27,14 +29,8 @@ pub fn assert_measured(
     connections: impl ToString,
 ) -> Vec<String> {
     let connections = connections.to_string();
-    let row = printed
-        .lines()
-        .map(|line| {
-            line.trim_matches('|')
-                .split(" | ")
-                .map(|cell| cell.trim().to_owned())
-                .collect::<Vec<_>>()
-        })
+    let row = table_rows(printed)
+        .into_iter()
         .find(|cells| {
             cells.len() == 15
                 && cells[0] == scenario
@@ -50,4 +46,18 @@ pub fn assert_measured(
         "{scenario} on {topology} measured nothing:\n{printed}"
     );
     row
+}
+
+/// The cells of every line of `printed` that is a Markdown table row.
+pub fn table_rows(printed: &str) -> Vec<Vec<String>> {
+    printed
+        .lines()
+        .filter(|line| line.starts_with('|'))
+        .map(|line| {
+            line.trim_matches('|')
+                .split(" | ")
+                .map(|cell| cell.trim().to_owned())
+                .collect()
+        })
+        .collect()
 }
