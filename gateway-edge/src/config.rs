@@ -141,7 +141,7 @@ pub struct EdgeConfig {
     /// The largest WebSocket frame the edge writes, payload bytes: a longer
     /// message goes out as continuation frames, so that no connection's
     /// write buffer keeps more than this (it keeps its largest frame).
-    #[arg(long, env = "EDGE_SOCKET_FRAME_BYTES", default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(512..))]
+    #[arg(long, env = "EDGE_SOCKET_FRAME_BYTES", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(512..))]
     pub socket_frame_bytes: usize,
     /// Sessions whose settings (model, queue mode) the edge keeps, so a send
     /// need not read them before its Submit; the store refuses a run made

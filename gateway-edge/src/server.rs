@@ -51,7 +51,7 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
 /// no frame is longer than `--socket-frame-bytes`.
 pub fn websocket_config(max_payload: usize) -> WebSocketConfig {
     WebSocketConfig::default()
-        .read_buffer_size(4096)
+        .read_buffer_size(1024)
         .write_buffer_size(2048)
         .max_message_size(Some(max_payload))
         .max_frame_size(Some(max_payload))
