@@ -7,12 +7,11 @@
 //! does not fit is skipped (the client sees the gap), anything else that does
 //! not fit ends the connection with 1008 "slow consumer".
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::frames;
@@ -41,7 +40,28 @@ struct OutState {
     seq: u64,
     queued_bytes: usize,
     close: Option<CloseOrder>,
+    /// The frames waiting for the writer. A deque, not a channel: an idle
+    /// connection's holds no block of slots (a channel allocates its first
+    /// block of 32 up front, some 1.5 KiB per connection).
+    frames: VecDeque<OutFrame>,
+    /// The outbox is gone (its connection closed): the reader ends once it
+    /// has taken what is left.
+    closed: bool,
+    /// The reader is gone (the socket's writer ended): nothing more is
+    /// queued.
+    reader_gone: bool,
 }
+
+/// The outbox's state, shared with its reader.
+struct Queue {
+    state: Mutex<OutState>,
+    /// Wakes the reader: a frame was queued, or the outbox went.
+    ready: tokio::sync::Notify,
+}
+
+/// A queue keeps at most this capacity once drained (a burst's growth is
+/// not kept by an idle connection).
+const KEPT_CAPACITY: usize = 8;
 
 /// A frame waiting in an outbox. An event that goes to many connections
 /// shares one encoded payload among all their outboxes; each connection's
@@ -76,8 +96,7 @@ impl OutFrame {
 }
 
 pub struct Outbox {
-    tx: mpsc::UnboundedSender<OutFrame>,
-    state: Mutex<OutState>,
+    queue: Arc<Queue>,
     max_bytes: usize,
     metrics: Arc<EdgeMetrics>,
     /// Fires when the connection must close (slow consumer, shutdown).
@@ -88,29 +107,82 @@ pub struct Outbox {
 
 /// What the writer side of a connection receives from its outbox.
 pub struct OutboxReader {
-    pub rx: mpsc::UnboundedReceiver<OutFrame>,
+    queue: Arc<Queue>,
+}
+
+impl OutboxReader {
+    /// The next frame, waiting for one; `None` once the outbox is gone and
+    /// empty. Cancel-safe: a frame is taken only when it is returned.
+    pub async fn recv(&mut self) -> Option<OutFrame> {
+        loop {
+            let ready = self.queue.ready.notified();
+            {
+                let mut state = self.queue.state.lock().unwrap();
+                if let Some(frame) = take_front(&mut state) {
+                    return Some(frame);
+                }
+                if state.closed {
+                    return None;
+                }
+            }
+            ready.await;
+        }
+    }
+
+    /// The next frame if one is queued.
+    pub fn try_recv(&mut self) -> Option<OutFrame> {
+        take_front(&mut self.queue.state.lock().unwrap())
+    }
+}
+
+fn take_front(state: &mut OutState) -> Option<OutFrame> {
+    let frame = state.frames.pop_front()?;
+    if state.frames.is_empty() && state.frames.capacity() > KEPT_CAPACITY {
+        state.frames.shrink_to(KEPT_CAPACITY);
+    }
+    Some(frame)
+}
+
+impl Drop for OutboxReader {
+    fn drop(&mut self) {
+        let mut state = self.queue.state.lock().unwrap();
+        state.reader_gone = true;
+        state.frames = VecDeque::new();
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.queue.state.lock().unwrap().closed = true;
+        self.queue.ready.notify_one();
+    }
 }
 
 impl Outbox {
     pub fn new(max_bytes: usize, metrics: Arc<EdgeMetrics>) -> (Self, OutboxReader) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let outbox = Self {
-            tx,
+        let queue = Arc::new(Queue {
             state: Mutex::new(OutState {
                 seq: 0,
                 queued_bytes: 0,
                 close: None,
+                frames: VecDeque::new(),
+                closed: false,
+                reader_gone: false,
             }),
+            ready: tokio::sync::Notify::new(),
+        });
+        let outbox = Self {
+            queue: queue.clone(),
             max_bytes,
             metrics,
             closing: CancellationToken::new(),
             answered: tokio::sync::Notify::new(),
         };
-        (outbox, OutboxReader { rx })
+        (outbox, OutboxReader { queue })
     }
 
     fn push(&self, state: &mut OutState, frame: OutFrame, droppable: bool) -> Delivery {
-        if state.close.is_some() {
+        if state.close.is_some() || state.reader_gone {
             return Delivery::Closed;
         }
         let bytes = frame.wire_len();
@@ -128,10 +200,9 @@ impl Outbox {
             return Delivery::OverBudget;
         }
         state.queued_bytes += bytes;
-        match self.tx.send(frame) {
-            Ok(()) => Delivery::Queued,
-            Err(_) => Delivery::Closed,
-        }
+        state.frames.push_back(frame);
+        self.queue.ready.notify_one();
+        Delivery::Queued
     }
 
     /// Pushes an event frame and counts what became of it.
@@ -152,7 +223,7 @@ impl Outbox {
     /// linger.
     pub fn send_frame(&self, frame: String) -> bool {
         let queued = {
-            let mut state = self.state.lock().unwrap();
+            let mut state = self.queue.state.lock().unwrap();
             self.push(&mut state, OutFrame::Text(frame), false) == Delivery::Queued
         };
         self.answered.notify_one();
@@ -172,7 +243,7 @@ impl Outbox {
         payload: &Arc<str>,
         droppable: bool,
     ) -> bool {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.queue.state.lock().unwrap();
         state.seq += 1;
         let frame = OutFrame::Event {
             name,
@@ -199,27 +270,27 @@ impl Outbox {
             payload: payload.clone(),
             seq: None,
         };
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.queue.state.lock().unwrap();
         self.push_event(&mut state, frame, droppable)
     }
 
     /// The writer hands back the bytes of a frame it wrote.
     pub fn written(&self, bytes: usize) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.queue.state.lock().unwrap();
         state.queued_bytes = state.queued_bytes.saturating_sub(bytes);
     }
 
     pub fn close(&self, order: CloseOrder) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.queue.state.lock().unwrap();
         self.order_close(&mut state, order);
     }
 
     pub fn close_order(&self) -> Option<CloseOrder> {
-        self.state.lock().unwrap().close.clone()
+        self.queue.state.lock().unwrap().close.clone()
     }
 
     pub fn queued_bytes(&self) -> usize {
-        self.state.lock().unwrap().queued_bytes
+        self.queue.state.lock().unwrap().queued_bytes
     }
 }
 
@@ -406,6 +477,44 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn outbox() -> (Outbox, OutboxReader) {
+        Outbox::new(1 << 20, Arc::new(EdgeMetrics::default()))
+    }
+
+    #[tokio::test]
+    async fn the_outbox_queue_delivers_in_order_and_ends_with_its_outbox() {
+        let (outbox, mut reader) = outbox();
+        assert!(reader.try_recv().is_none());
+        for i in 0..100 {
+            assert!(outbox.send_frame(format!("{i}")));
+        }
+        for i in 0..100 {
+            assert_eq!(reader.recv().await.unwrap().into_text(), format!("{i}"));
+        }
+        // Drained, it keeps no more than a few slots of a burst.
+        assert!(reader.queue.state.lock().unwrap().frames.capacity() <= KEPT_CAPACITY);
+        // A waiting reader is woken by a frame, and ends once the outbox
+        // is gone and empty.
+        let waiting = tokio::spawn(async move {
+            let first = reader.recv().await.map(OutFrame::into_text);
+            (first, reader.recv().await.is_none())
+        });
+        tokio::task::yield_now().await;
+        outbox.send_frame("late".into());
+        drop(outbox);
+        assert_eq!(waiting.await.unwrap(), (Some("late".into()), true));
+    }
+
+    #[test]
+    fn nothing_is_queued_once_the_reader_is_gone() {
+        let (outbox, reader) = outbox();
+        drop(reader);
+        // Not a slow consumer: the connection's writer has ended.
+        assert!(!outbox.send_frame("answer".into()));
+        assert_eq!(outbox.queued_bytes(), 0);
+        assert!(outbox.close_order().is_none());
+    }
 
     #[test]
     fn spans_of_interleaved_streams_stay_apart() {

@@ -702,7 +702,7 @@ impl Harness {
             let handle = tokio::runtime::Handle::current();
             let before = handle.metrics().num_alive_tasks();
             methods::dispatch(&edge, &conn, &frame);
-            let first = tokio::time::timeout(ANSWER_DEADLINE, reader.rx.recv())
+            let first = tokio::time::timeout(ANSWER_DEADLINE, reader.recv())
                 .await
                 .unwrap_or_else(|_| panic!("{method}: no answer within {ANSWER_DEADLINE:?}"))
                 .expect("the outbox is open");
@@ -716,7 +716,7 @@ impl Harness {
                 tokio::task::yield_now().await;
             }
             let mut frames = vec![first.into_text()];
-            while let Ok(more) = reader.rx.try_recv() {
+            while let Some(more) = reader.try_recv() {
                 frames.push(more.into_text());
             }
             frames

@@ -80,7 +80,7 @@ const WRITE_BATCH: usize = 64;
 async fn write_batch(
     socket: &mut Socket,
     first: OutFrame,
-    queued: &mut tokio::sync::mpsc::UnboundedReceiver<OutFrame>,
+    queued: &mut OutboxReader,
     frame_bytes: usize,
 ) -> (Result<(), WsError>, usize) {
     let (mut next, mut bytes, mut count) = (Some(first), 0, 0);
@@ -91,7 +91,7 @@ async fn write_batch(
         }
         count += 1;
         if count < WRITE_BATCH {
-            next = queued.try_recv().ok();
+            next = queued.try_recv();
         }
     }
     (socket.flush().await, bytes)
@@ -168,11 +168,31 @@ pub struct Peer {
 
 pub async fn run(
     edge: Arc<Edge>,
-    mut socket: Socket,
+    socket: Socket,
     peer: Peer,
     slot: PreauthSlot,
     guard: Arc<PreauthGuard>,
 ) {
+    // The handshake's state lives in an allocation of its own, freed once
+    // it is over: the connection's task then holds only what serving it
+    // needs, for as long as the connection stays open.
+    let Some((socket, conn, reader)) = Box::pin(handshake(&edge, socket, &peer, &guard)).await
+    else {
+        return;
+    };
+    guard.authenticated();
+    slot.release();
+    serve_connection(edge, socket, conn, reader, &guard).await;
+}
+
+/// The challenge and `connect`: the connection registered and hello-ok
+/// sent, or `None` when the socket was closed (as the protocol says).
+async fn handshake(
+    edge: &Arc<Edge>,
+    mut socket: Socket,
+    peer: &Peer,
+    guard: &PreauthGuard,
+) -> Option<(Socket, Arc<Conn>, OutboxReader)> {
     let nonce = uuid::Uuid::new_v4().to_string();
     let challenge = json!({ "nonce": nonce, "ts": now_ms() });
     let frame_bytes = edge.config.socket_frame_bytes;
@@ -183,7 +203,7 @@ pub async fn run(
     )
     .await
     {
-        return;
+        return None;
     }
     let deadline = tokio::time::Instant::now() + edge.config.handshake_timeout;
     let (first, first_size) = loop {
@@ -192,54 +212,54 @@ pub async fn run(
             () = tokio::time::sleep_until(deadline) => {
                 // The protocol closes a stalled handshake with 1000, no reason.
                 close(&mut socket, 1000, "").await;
-                return;
+                return None;
             }
         };
         match incoming(message) {
             Incoming::Text(text, size) => break (text, size),
             Incoming::TooLarge => {
                 close_over_limit(&mut socket, 1009, "preauth payload too large").await;
-                return;
+                return None;
             }
             Incoming::Closed if guard.exceeded() => {
                 close_over_limit(&mut socket, 1009, "preauth payload too large").await;
-                return;
+                return None;
             }
             Incoming::NotUtf8 => {
                 close(&mut socket, 1007, NOT_UTF8).await;
-                return;
+                return None;
             }
-            Incoming::Closed => return,
+            Incoming::Closed => return None,
             Incoming::Ignore => continue,
         }
     };
     if first_size > edge.config.preauth_max_bytes {
         close(&mut socket, 1009, "preauth payload too large").await;
-        return;
+        return None;
     }
     if crate::json_depth::nests_deeper_than(&first, edge.config.max_json_depth) {
         close(&mut socket, 1008, "invalid request frame").await;
-        return;
+        return None;
     }
     let request = match parse_request(&first) {
         Ok(request) => request,
         Err(FrameError::NotJson) => {
             close(&mut socket, 1000, "").await;
-            return;
+            return None;
         }
         Err(FrameError::Invalid { .. }) => {
             close(&mut socket, 1008, "invalid request frame").await;
-            return;
+            return None;
         }
     };
-    let (conn, reader) = match accept_connect(&edge, &request, &nonce, &peer) {
+    let (conn, reader) = match accept_connect(edge, &request, &nonce, peer) {
         Ok((conn, reader, mut hello)) => {
             // Registered before hello-ok leaves, so every run event from the
             // moment the client learns it is connected reaches it; events
             // queue in the outbox, which is written only after hello-ok.
             edge.register(conn.clone());
-            crate::presence::connected(&edge);
-            hello["snapshot"]["presence"] = json!(crate::presence::list(&edge));
+            crate::presence::connected(edge);
+            hello["snapshot"]["presence"] = json!(crate::presence::list(edge));
             hello["snapshot"]["stateVersion"]["presence"] = json!(
                 edge.presence_version
                     .load(std::sync::atomic::Ordering::Relaxed)
@@ -247,7 +267,7 @@ pub async fn run(
             let hello = frames::ok_response(&request.id, hello);
             if !send_text(&mut socket, hello, frame_bytes).await {
                 edge.unregister(conn.id);
-                return;
+                return None;
             }
             (conn, reader)
         }
@@ -259,12 +279,10 @@ pub async fn run(
             )
             .await;
             close(&mut socket, rejection.close_code, &rejection.close_reason).await;
-            return;
+            return None;
         }
     };
-    guard.authenticated();
-    slot.release();
-    serve_connection(edge, socket, conn, reader, &guard).await;
+    Some((socket, conn, reader))
 }
 
 /// The close reason for a message that is not UTF-8.
@@ -371,8 +389,8 @@ fn accept_connect(
 /// does not read gets no longer).
 async fn flush_queued(socket: &mut Socket, reader: &mut OutboxReader, frame_bytes: usize) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
-        while let Ok(frame) = reader.rx.try_recv() {
-            let _ = write_batch(socket, frame, &mut reader.rx, frame_bytes).await;
+        while let Some(frame) = reader.try_recv() {
+            let _ = write_batch(socket, frame, reader, frame_bytes).await;
         }
     })
     .await;
@@ -442,12 +460,12 @@ async fn serve_connection(
             },
             () = linger(hold_until), if hold_until.is_some() => hold_until = None,
             () = conn.outbox.answered.notified(), if hold_until.is_some() => hold_until = None,
-            frame = reader.rx.recv(), if hold_until.is_none() => {
+            frame = reader.recv(), if hold_until.is_none() => {
                 let Some(frame) = frame else { break None };
                 // A peer that stops reading blocks this write; a close order
                 // (slow consumer, shutdown) must still get through.
                 let (sent, bytes) = tokio::select! {
-                    sent = write_batch(&mut socket, frame, &mut reader.rx, frame_bytes) => sent,
+                    sent = write_batch(&mut socket, frame, &mut reader, frame_bytes) => sent,
                     () = conn.outbox.closing.cancelled() => break conn.outbox.close_order(),
                     () = edge.shutdown.cancelled() => break Some(CloseOrder { code: 1012, reason: "service restart".into() }),
                 };
