@@ -436,6 +436,11 @@ impl Conn {
         self.can_read() && self.message_watch.lock().unwrap().contains(key)
     }
 
+    /// The sessions whose `session.message` events it asked for.
+    pub fn watched_sessions(&self) -> Vec<String> {
+        self.message_watch.lock().unwrap().iter().cloned().collect()
+    }
+
     pub fn is_admin(&self) -> bool {
         self.scopes.iter().any(|s| s == scopes::ADMIN)
     }

@@ -22,11 +22,29 @@ use crate::edge::Edge;
 /// Entries one store read fetches.
 const PAGE: u32 = 100;
 
+/// Followed sessions kept before those nobody watches any more are pruned
+/// (then again each time the count doubles from what is left).
+const PRUNE_FROM: usize = 1024;
+/// Runs remembered as started, at most. Forgetting one costs only an extra
+/// refresh: a refresh sends what is after the last seq sent, whatever
+/// asked for it.
+const MAX_STARTED: usize = 10_000;
+
+/// Bookkeeping only: how many sessions are followed and runs remembered is
+/// bounded by pruning, never by refusing a subscription.
 #[derive(Default)]
 pub struct SessionFeed {
-    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Position>>>>,
-    /// Runs whose first output has been seen (their user turn is in).
+    sessions: Mutex<Followed>,
+    /// Runs of followed sessions whose first output has been seen (their
+    /// user turn is in).
     started: Mutex<HashSet<String>>,
+}
+
+#[derive(Default)]
+struct Followed {
+    positions: HashMap<String, Arc<tokio::sync::Mutex<Position>>>,
+    /// Prune when `positions` grows past this.
+    prune_at: usize,
 }
 
 /// What has been pushed for one session.
@@ -40,6 +58,7 @@ impl SessionFeed {
     /// Starts following `key` from its current end (a subscriber reads the
     /// history first; the feed sends what comes after).
     pub async fn follow(&self, edge: &Arc<Edge>, key: &SessionKey) {
+        self.prune(edge);
         let position = self.position(key.as_str());
         let mut position = position.lock().await;
         if position.session_id.is_none()
@@ -54,31 +73,57 @@ impl SessionFeed {
         self.sessions
             .lock()
             .unwrap()
+            .positions
             .entry(key.to_owned())
             .or_default()
             .clone()
     }
 
+    /// Drops the sessions no connection watches (their connections closed
+    /// or unsubscribed without a run event since), once there are many.
+    fn prune(&self, edge: &Edge) {
+        let mut followed = self.sessions.lock().unwrap();
+        if followed.positions.len() <= followed.prune_at.max(PRUNE_FROM) {
+            return;
+        }
+        let watched: HashSet<String> = edge
+            .connections()
+            .iter()
+            .flat_map(|conn| conn.watched_sessions())
+            .collect();
+        followed.positions.retain(|key, _| watched.contains(key));
+        followed.prune_at = 2 * followed.positions.len();
+    }
+
+    /// Sessions followed now (for the tests of its bound).
+    pub fn followed(&self) -> usize {
+        self.sessions.lock().unwrap().positions.len()
+    }
+
     /// Called for every run event the fanout receives.
     pub fn on_event(&self, edge: &Arc<Edge>, event: &pb::RunEvent) {
         use pb::run_event::Body;
+        let followed = self
+            .sessions
+            .lock()
+            .unwrap()
+            .positions
+            .contains_key(&event.session_key);
         let grew = match &event.body {
             Some(Body::Lifecycle(_)) => {
                 self.started.lock().unwrap().remove(&event.run_id);
                 true
             }
-            Some(Body::Assistant(_) | Body::Tool(_)) => {
-                self.started.lock().unwrap().insert(event.run_id.clone())
+            Some(Body::Assistant(_) | Body::Tool(_)) if followed => {
+                let mut started = self.started.lock().unwrap();
+                if started.len() >= MAX_STARTED {
+                    started.clear();
+                }
+                started.insert(event.run_id.clone())
             }
             _ => false,
         };
-        if !grew
-            || !self
-                .sessions
-                .lock()
-                .unwrap()
-                .contains_key(&event.session_key)
-        {
+        if !grew || !followed {
             return;
         }
         let (edge, key) = (edge.clone(), event.session_key.clone());
@@ -93,7 +138,7 @@ impl SessionFeed {
             .filter(|c| c.watches_messages(key))
             .collect();
         if watchers.is_empty() {
-            self.sessions.lock().unwrap().remove(key);
+            self.sessions.lock().unwrap().positions.remove(key);
             return;
         }
         let Ok(session_key) = SessionKey::parse(key) else {

@@ -267,3 +267,62 @@ async fn health_and_tick_events_arrive_on_their_intervals() {
     assert!(tick["payload"]["ts"].as_i64().is_some());
     system.stop.cancel();
 }
+
+/// The session feed forgets the sessions nobody watches any more: a client
+/// that subscribed to many sessions and went away does not leave them
+/// followed for the edge's lifetime. (They go once the followed sessions
+/// have doubled since the last pruning, past 1,024.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_feed_forgets_sessions_nobody_watches() {
+    let system = System::start().await;
+    let (url, edge) = system.edge(system.edge_config()).await;
+    let subscribe = |key: String| json!({ "key": key });
+    let mut first = Client::connect(&url, &["operator.read"]).await;
+    for i in 0..1100 {
+        let answer = first
+            .request(
+                "sessions.messages.subscribe",
+                subscribe(format!("gone-{i}")),
+            )
+            .await;
+        assert_eq!(answer["ok"], true, "{answer}");
+    }
+    assert_eq!(edge.session_feed.followed(), 1100);
+    drop(first);
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while edge.connection_count() > 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the first client stayed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut second = Client::connect(&url, &["operator.read", "operator.write"]).await;
+    for i in 0..1000 {
+        let answer = second
+            .request(
+                "sessions.messages.subscribe",
+                subscribe(format!("kept-{i}")),
+            )
+            .await;
+        assert_eq!(answer["ok"], true, "{answer}");
+    }
+    let followed = edge.session_feed.followed();
+    assert!(
+        followed <= 1000,
+        "{followed} followed: the gone client's sessions were kept"
+    );
+    // What the second client watches is still served.
+    let answer = second
+        .request(
+            "chat.send",
+            json!({ "sessionKey": "kept-999", "message": "hi", "idempotencyKey": "feed-run" }),
+        )
+        .await;
+    assert_eq!(answer["ok"], true, "{answer}");
+    second
+        .event(|e| {
+            e["event"] == "session.message" && e["payload"]["sessionKey"] == "agent:main:kept-999"
+        })
+        .await;
+}
