@@ -144,16 +144,8 @@ impl Inner {
     pub(crate) async fn drain(&self, deadline: Duration) {
         self.lock().draining = true;
         let until = Instant::now() + deadline;
-        loop {
-            let notified = self.run_finished.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.lock().executing == 0 {
-                return;
-            }
-            if tokio::time::timeout_at(until, notified).await.is_err() {
-                break;
-            }
+        if self.settles_by(until, |state| state.executing == 0).await {
+            return;
         }
         let running: Vec<Arc<Run>> = {
             let state = self.lock();
@@ -168,16 +160,43 @@ impl Inner {
             runs = running.len(),
             "drain deadline reached; aborting running runs"
         );
-        for run in &running {
+        self.abort_all(running, "shutdown", "the coordinator shut down")
+            .await;
+    }
+
+    /// Waits, as runs finish, until `settled` holds or `until` passes.
+    /// Returns whether it held.
+    pub(crate) async fn settles_by(
+        &self,
+        until: Instant,
+        settled: impl Fn(&crate::coordinator::State) -> bool,
+    ) -> bool {
+        loop {
+            let notified = self.run_finished.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if settled(&self.lock()) {
+                return true;
+            }
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Aborts `runs` with an error of `kind`, then gives each the cancel
+    /// settle time to record its end.
+    pub(crate) async fn abort_all(&self, runs: Vec<Arc<Run>>, kind: &str, message: &str) {
+        for run in &runs {
             run.decide(Decision {
                 error: Some(RunErrorInfo {
-                    kind: "shutdown".into(),
-                    message: "the coordinator shut down".into(),
+                    kind: kind.into(),
+                    message: message.into(),
                 }),
                 ..Decision::aborted()
             });
         }
-        for run in running {
+        for run in runs {
             let _ = tokio::time::timeout(self.config.cancel_settle, run.wait_terminal()).await;
         }
     }

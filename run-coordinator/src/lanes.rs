@@ -185,6 +185,33 @@ impl Inner {
         }
     }
 
+    /// Frees the lane turn and the cap slot `run` holds, if any (its end,
+    /// recorded or given up).
+    pub(crate) fn leave_lane(state: &mut State, run: &Run) {
+        if let Some(lane) = state.lanes.get_mut(&run.key) {
+            if lane.running.as_deref() == Some(run.id.as_str()) {
+                lane.running = None;
+            }
+            lane.queued.retain(|id| *id != run.id);
+            if lane.running.is_none() && lane.queued.is_empty() {
+                state.lanes.remove(&run.key);
+            }
+        }
+        let mut run_state = run.state();
+        if run_state.holds_slot {
+            run_state.holds_slot = false;
+            state.executing -= 1;
+        }
+    }
+
+    /// `run` leaves this instance without ending here (its partition moved):
+    /// its event log goes, so its subscribers end, and its waiters go on
+    /// from the record.
+    pub(crate) fn moved_away(&self, run: &Run) {
+        self.hub.forget(&run.id);
+        run.moved.cancel();
+    }
+
     pub(crate) fn spawn_all(self: &Arc<Self>, runs: Vec<Arc<Run>>) {
         for run in runs {
             tokio::spawn(self.clone().execute(run));

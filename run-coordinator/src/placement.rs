@@ -35,9 +35,8 @@ use clawgate_common::partition::rendezvous_owner;
 use session_store_api::model::{AcquireLeases, LeaseTable, MemberHeartbeat, RenewLeases};
 use tokio::time::Instant;
 
-use crate::coordinator::Inner;
-use crate::model::RunErrorInfo;
-use crate::run::{Decision, Phase, Run};
+use crate::coordinator::{Inner, State};
+use crate::run::{Phase, Run};
 
 /// What one round found about the held leases.
 pub(crate) enum Round {
@@ -253,41 +252,26 @@ impl Inner {
     /// the leases are released.
     async fn hand_off(self: Arc<Self>, partitions: Vec<u32>) {
         let set: HashSet<u32> = partitions.iter().copied().collect();
-        let admitting = self.runs_in(&set, |phase| phase == Phase::Admitting);
+        let admitting = self.runs_in(&self.lock(), &set, |phase| phase == Phase::Admitting);
         for run in admitting {
             run.admission_done().await;
         }
         let until = Instant::now() + self.config.ownership.handoff_timeout;
-        loop {
-            let notified = self.run_finished.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.executing_in(&set).is_empty() {
-                break;
-            }
-            if tokio::time::timeout_at(until, notified).await.is_err() {
-                break;
-            }
-        }
-        let running = self.executing_in(&set);
+        self.settles_by(until, |state| self.executing_in(state, &set).is_empty())
+            .await;
+        let running = self.executing_in(&self.lock(), &set);
         if !running.is_empty() {
             tracing::warn!(
                 runs = running.len(),
                 "handoff timeout reached; aborting the partitions' executing runs"
             );
         }
-        for run in &running {
-            run.decide(Decision {
-                error: Some(RunErrorInfo {
-                    kind: "handoff".into(),
-                    message: "the run's partition moved to another coordinator".into(),
-                }),
-                ..Decision::aborted()
-            });
-        }
-        for run in running {
-            let _ = tokio::time::timeout(self.config.cancel_settle, run.wait_terminal()).await;
-        }
+        self.abort_all(
+            running,
+            "handoff",
+            "the run's partition moved to another coordinator",
+        )
+        .await;
         self.let_queued_go(&set);
         let tokens: Vec<_> = self
             .ownership
@@ -306,8 +290,13 @@ impl Inner {
             .partitions_moved("handed_off", partitions.len());
     }
 
-    fn runs_in(&self, set: &HashSet<u32>, phase: impl Fn(Phase) -> bool) -> Vec<Arc<Run>> {
-        let state = self.lock();
+    /// The runs of `set` in a phase `phase` accepts.
+    fn runs_in(
+        &self,
+        state: &State,
+        set: &HashSet<u32>,
+        phase: impl Fn(Phase) -> bool,
+    ) -> Vec<Arc<Run>> {
         state
             .runs
             .values()
@@ -318,8 +307,8 @@ impl Inner {
     }
 
     /// The runs of `set` holding a lane's turn (companions end with them).
-    fn executing_in(&self, set: &HashSet<u32>) -> Vec<Arc<Run>> {
-        self.runs_in(set, |phase| {
+    fn executing_in(&self, state: &State, set: &HashSet<u32>) -> Vec<Arc<Run>> {
+        self.runs_in(state, set, |phase| {
             matches!(phase, Phase::Running | Phase::Finishing)
         })
         .into_iter()
@@ -333,13 +322,7 @@ impl Inner {
     fn let_queued_go(&self, set: &HashSet<u32>) {
         let gone: Vec<Arc<Run>> = {
             let mut state = self.lock();
-            let gone: Vec<Arc<Run>> = state
-                .runs
-                .values()
-                .filter(|run| set.contains(&self.ownership.partition(&run.key)))
-                .filter(|run| run.state().phase == Phase::Queued)
-                .cloned()
-                .collect();
+            let gone = self.runs_in(&state, set, |phase| phase == Phase::Queued);
             let ids: HashSet<&str> = gone.iter().map(|run| run.id.as_str()).collect();
             state.waiting.retain(|id| !ids.contains(id.as_str()));
             state.lanes.retain(|_, lane| {
@@ -351,9 +334,8 @@ impl Inner {
             }
             gone
         };
-        for run in gone {
-            self.hub.forget(&run.id);
-            run.moved.cancel();
+        for run in &gone {
+            self.moved_away(run);
         }
     }
 

@@ -74,21 +74,7 @@ impl Inner {
             let mut state = self.lock();
             let untaken: Vec<Arc<Run>> = untaken.into_iter().map(|c| c.run).collect();
             self.requeue_untaken(&mut state, untaken);
-            if let Some(lane) = state.lanes.get_mut(&run.key) {
-                if lane.running.as_deref() == Some(run.id.as_str()) {
-                    lane.running = None;
-                }
-                lane.queued.retain(|id| *id != run.id);
-                if lane.running.is_none() && lane.queued.is_empty() {
-                    state.lanes.remove(&run.key);
-                }
-            }
-            let mut run_state = run.state();
-            if run_state.holds_slot {
-                run_state.holds_slot = false;
-                state.executing -= 1;
-            }
-            drop(run_state);
+            Self::leave_lane(&mut state, run);
             state.finished.push_back((Instant::now(), run.id.clone()));
             self.evict(&mut state);
             self.pump(&mut state)
@@ -123,29 +109,14 @@ impl Inner {
         let companions = std::mem::take(&mut run.state().companions);
         let to_start = {
             let mut state = self.lock();
-            if let Some(lane) = state.lanes.get_mut(&run.key) {
-                if lane.running.as_deref() == Some(run.id.as_str()) {
-                    lane.running = None;
-                }
-                lane.queued.retain(|id| *id != run.id);
-                if lane.running.is_none() && lane.queued.is_empty() {
-                    state.lanes.remove(&run.key);
-                }
-            }
-            let mut run_state = run.state();
-            if run_state.holds_slot {
-                run_state.holds_slot = false;
-                state.executing -= 1;
-            }
-            drop(run_state);
+            Self::leave_lane(&mut state, run);
             for run in std::iter::once(run).chain(companions.iter().map(|c| &c.run)) {
                 state.runs.remove(&run.id);
             }
             self.pump(&mut state)
         };
         for run in std::iter::once(run).chain(companions.iter().map(|c| &c.run)) {
-            self.hub.forget(&run.id);
-            run.moved.cancel();
+            self.moved_away(run);
         }
         self.run_finished.notify_waiters();
         self.spawn_all(to_start);
