@@ -19,6 +19,7 @@ pub mod local;
 pub mod process;
 pub mod proto_fuzz;
 pub mod receiver;
+pub mod records;
 pub mod reflection;
 pub mod rng;
 pub mod runtime;

@@ -25,6 +25,7 @@ use clawgate_system_tests::fault_proxy::FaultProxy;
 use clawgate_system_tests::fuzz_seeds::env_or;
 use clawgate_system_tests::ha;
 use clawgate_system_tests::process::{Process, binary_path, service_command};
+use clawgate_system_tests::records::{is_terminal, run_record};
 use clawgate_system_tests::rng::SplitMix;
 use clawgate_system_tests::runtime::CountingRuntime;
 use clawgate_system_tests::slot::CoordinatorSlot;
@@ -374,14 +375,7 @@ async fn check(system: &System, journal: &Journal) {
     for (session, sent) in &runs {
         let mut unfinished = Vec::new();
         for run in sent {
-            let record = store
-                .get_run(store_pb::GetRunRequest {
-                    run_id: run.run_id.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .record;
+            let record = run_record(&mut store, &run.run_id).await;
             let Some(record) = record else {
                 if run.acknowledged {
                     lost_acks.push(run.run_id.clone());
@@ -392,10 +386,7 @@ async fn check(system: &System, journal: &Journal) {
             *statuses.entry(format!("{status:?}")).or_default() += 1;
             use store_pb::RunStatus as S;
             assert!(
-                matches!(
-                    status,
-                    S::Ok | S::Error | S::Aborted | S::Superseded | S::Lost | S::Timeout
-                ),
+                is_terminal(status),
                 "{}: not terminal ({status:?})",
                 run.run_id
             );

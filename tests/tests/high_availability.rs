@@ -29,6 +29,7 @@ use clawgate_system_tests::ha::{
     self, RENEW, TTL, lease_coordinator, postgres_url, serving, stale_owner_refusals,
 };
 use clawgate_system_tests::process::Process;
+use clawgate_system_tests::records::run_record;
 use clawgate_system_tests::runtime::CountingRuntime;
 use clawgate_system_tests::transcript::{check_send_order, run_blocks};
 use serde_json::json;
@@ -251,14 +252,8 @@ async fn leader_failover_loses_nothing_it_acknowledged() {
     let runs = seen.runs.lock().unwrap().clone();
     for (session, acknowledged) in &runs {
         for (run_id, state, phase) in acknowledged {
-            let record = store_client
-                .get_run(store_pb::GetRunRequest {
-                    run_id: run_id.clone(),
-                })
+            let record = run_record(&mut store_client, run_id)
                 .await
-                .unwrap()
-                .into_inner()
-                .record
                 .unwrap_or_else(|| panic!("acknowledged run {run_id} has no record"));
             let status = store_pb::RunStatus::try_from(record.status).unwrap();
             assert!(

@@ -33,6 +33,7 @@ use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_system_tests::fuzz_seeds::env_or;
 use clawgate_system_tests::ha::{self, RENEW, TTL};
 use clawgate_system_tests::process::Process;
+use clawgate_system_tests::records::{is_terminal, run_record};
 use clawgate_system_tests::rng::SplitMix;
 use clawgate_system_tests::runtime::CountingRuntime;
 use clawgate_system_tests::slot::CoordinatorSlot;
@@ -522,15 +523,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
     let mut record_status: HashMap<String, (store_pb::RunStatus, String)> = HashMap::new();
     for sent in runs.values() {
         for run in sent {
-            let record = system
-                .store_client
-                .get_run(store_pb::GetRunRequest {
-                    run_id: run.run_id.clone(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .record;
+            let record = run_record(&mut system.store_client, &run.run_id).await;
             let Some(record) = record else {
                 if run.acknowledged {
                     missing.push(run.run_id.clone());
@@ -539,10 +532,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
             };
             let status = store_pb::RunStatus::try_from(record.status).unwrap();
             use store_pb::RunStatus as S;
-            if !matches!(
-                status,
-                S::Ok | S::Error | S::Aborted | S::Superseded | S::Lost | S::Timeout
-            ) {
+            if !is_terminal(status) {
                 missing.push(format!("{} ({status:?})", run.run_id));
             }
             if run.ended.as_deref().is_some_and(|e| e.starts_with("final")) && status != S::Ok {

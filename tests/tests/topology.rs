@@ -24,6 +24,7 @@ use clawgate_system_tests::client::OPERATOR_SCOPES;
 use clawgate_system_tests::cluster::TOKEN;
 use clawgate_system_tests::ha::{self, lease_coordinator, postgres_url};
 use clawgate_system_tests::process::{http_ok, until_ready};
+use clawgate_system_tests::records::run_record;
 use clawgate_system_tests::runtime::CountingRuntime;
 use tokio::time::Instant;
 
@@ -202,14 +203,8 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
     let seen = seen.lock().unwrap().clone();
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     for (run_id, _) in seen.values().flatten() {
-        let record = records
-            .get_run(store_pb::GetRunRequest {
-                run_id: run_id.clone(),
-            })
+        let record = run_record(&mut records, run_id)
             .await
-            .unwrap()
-            .into_inner()
-            .record
             .unwrap_or_else(|| panic!("acknowledged run {run_id} is missing"));
         let status = store_pb::RunStatus::try_from(record.status).unwrap();
         assert!(

@@ -1,0 +1,30 @@
+//! A run's durable record, as the multi-process tests read it back after
+//! their faults.
+
+use clawgate_proto::session_store::v1 as store_pb;
+use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
+use tonic::transport::Channel;
+
+/// `run_id`'s record in the store, if it has one.
+pub async fn run_record(
+    store: &mut SessionStoreClient<Channel>,
+    run_id: &str,
+) -> Option<store_pb::RunRecord> {
+    store
+        .get_run(store_pb::GetRunRequest {
+            run_id: run_id.to_owned(),
+        })
+        .await
+        .expect("the store answers GetRun")
+        .into_inner()
+        .record
+}
+
+/// Whether a run with this status has ended.
+pub fn is_terminal(status: store_pb::RunStatus) -> bool {
+    use store_pb::RunStatus as S;
+    matches!(
+        status,
+        S::Ok | S::Error | S::Aborted | S::Superseded | S::Lost | S::Timeout
+    )
+}
