@@ -338,13 +338,7 @@ impl Ownership {
     }
 
     pub fn holds(&self, partition: u32) -> bool {
-        !self.lost.is_cancelled()
-            && self
-                .held
-                .read()
-                .unwrap()
-                .get(partition as usize)
-                .is_some_and(|s| s.epoch().is_some())
+        !self.lost.is_cancelled() && self.epoch_of(partition).is_some()
     }
 
     /// The epoch `partition` is held under, if held.
