@@ -168,22 +168,10 @@ impl Inner {
     /// last renewal asks the store what happened, for the reason given; its
     /// answer does not change the decision.
     async fn fence_expired(&self) {
-        let verdict =
-            match tokio::time::timeout(self.config.ownership.renew_interval, self.renew()).await {
-                Ok(Ok(grant)) => match grant.refused.first() {
-                    Some(lease) => format!(
-                        "taken by {} at epoch {}",
-                        lease.owner.as_deref().unwrap_or("nobody"),
-                        lease.epoch
-                    ),
-                    None => "not taken yet".to_owned(),
-                },
-                Ok(Err(err)) => format!("the store did not answer: {err}"),
-                Err(_) => "the store did not answer in time".to_owned(),
-            };
-        self.ownership.lose(format!(
-            "the leases were not renewed before they could expire ({verdict})"
-        ));
+        // What became of the leases is asked once, after the tenure ended
+        // (`Coordinator::settle_loss`), not here.
+        self.ownership
+            .lose("the leases were not renewed before they could expire".to_owned());
     }
 }
 
@@ -194,8 +182,9 @@ impl Coordinator {
     /// healed). Leases still held are released at once, so that the next
     /// owner need not wait for them to expire; those another member took
     /// are refused (STALE_OWNER, which the store counts). Balanced
-    /// placement also leaves the member registry.
-    pub async fn settle_loss(&self, patience: Duration) {
+    /// placement also leaves the member registry. Returns the verdict, for
+    /// the exit message.
+    pub async fn settle_loss(&self, patience: Duration) -> String {
         let inner = &self.inner;
         let tokens = inner.ownership.lost_tokens();
         let member = inner.ownership.member().to_owned();
@@ -206,15 +195,27 @@ impl Coordinator {
             tokens: tokens.clone(),
             ttl_ms: inner.ttl_ms(),
         };
+        let mut verdict = match tokens.is_empty() {
+            true => "it held no partition".to_owned(),
+            false => format!("the store did not answer within {patience:?}"),
+        };
         while !tokens.is_empty() && Instant::now() < until {
             match tokio::time::timeout(interval, inner.store.renew_leases(ask.clone())).await {
                 Ok(Ok(grant)) => {
                     let still: Vec<_> = grant.granted.iter().filter_map(|l| l.token()).collect();
-                    tracing::warn!(
-                        taken = grant.refused.len(),
-                        released = still.len(),
-                        "the store's verdict on the partitions this coordinator held"
-                    );
+                    verdict = match grant.refused.first() {
+                        Some(lease) => format!(
+                            "{} of {} partitions taken (partition {} by {} at epoch {}), {} released",
+                            grant.refused.len(),
+                            tokens.len(),
+                            lease.partition,
+                            lease.owner.as_deref().unwrap_or("nobody"),
+                            lease.epoch,
+                            still.len()
+                        ),
+                        None => format!("none taken yet, {} released", still.len()),
+                    };
+                    tracing::warn!(%verdict, "the store's verdict on the partitions this coordinator held");
                     if !still.is_empty() {
                         let _ =
                             tokio::time::timeout(interval, inner.store.release_leases(still)).await;
@@ -229,6 +230,7 @@ impl Coordinator {
         if inner.config.ownership.balanced() {
             let _ = tokio::time::timeout(interval, inner.store.leave_member(&member)).await;
         }
+        verdict
     }
 
     /// A planned handover: stops admitting, lets executing runs finish for

@@ -113,6 +113,7 @@ pub async fn serve_coordinator(
     // How long a coordinator that lost its tenure keeps asking the store
     // for its verdict before it exits.
     let settle_patience = 2 * coordinator.inner.config.ownership.lease_ttl;
+    let loss_verdict = Arc::new(std::sync::Mutex::new(None::<String>));
     let _metrics_server = options.metrics_listener.map(|listener| {
         let mut registry = clawgate_telemetry::metrics::service_registry();
         coordinator.register_metrics(&mut registry);
@@ -150,6 +151,7 @@ pub async fn serve_coordinator(
         .add_service(service)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), {
             let ownership = ownership.clone();
+            let loss_verdict = loss_verdict.clone();
             async move {
                 let lost = ownership.lost();
                 let planned = tokio::select! {
@@ -167,7 +169,8 @@ pub async fn serve_coordinator(
                     // Nothing this instance still writes can land:
                     // abort at once; the new owner settles the runs.
                     coordinator.drain(Duration::ZERO).await;
-                    coordinator.settle_loss(settle_patience).await;
+                    let verdict = coordinator.settle_loss(settle_patience).await;
+                    *loss_verdict.lock().unwrap() = Some(verdict);
                 }
                 stopping.cancel();
             }
@@ -175,7 +178,12 @@ pub async fn serve_coordinator(
         .await
         .context("gRPC server")?;
     match ownership.lost_reason() {
-        Some(reason) => anyhow::bail!("STALE_OWNER: this coordinator stopped: {reason}"),
+        Some(reason) => match loss_verdict.lock().unwrap().take() {
+            Some(verdict) => anyhow::bail!(
+                "STALE_OWNER: this coordinator stopped: {reason}; the store's verdict: {verdict}"
+            ),
+            None => anyhow::bail!("STALE_OWNER: this coordinator stopped: {reason}"),
+        },
         None => Ok(()),
     }
 }
