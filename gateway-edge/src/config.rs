@@ -143,6 +143,11 @@ pub struct EdgeConfig {
     /// write buffer keeps more than this (it keeps its largest frame).
     #[arg(long, env = "EDGE_SOCKET_FRAME_BYTES", default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(512..))]
     pub socket_frame_bytes: usize,
+    /// A connection's writes are gathered into one system call per batch
+    /// of frames, up to this many bytes (then they go out unasked). The
+    /// buffer is freed after each batch, so an idle connection holds none.
+    #[arg(long, env = "EDGE_SOCKET_WRITE_COALESCE_BYTES", default_value_t = 64 * 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub socket_write_coalesce_bytes: usize,
     /// Sessions whose settings (model, queue mode) the edge keeps, so a send
     /// need not read them before its Submit; the store refuses a run made
     /// from settings that changed, and the edge reads them again then.

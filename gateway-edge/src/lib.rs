@@ -10,6 +10,7 @@
 //! policy), `frames` (the wire shapes), `trace` (a span per request),
 //! `metrics` (Prometheus).
 
+pub mod coalesce;
 pub mod config;
 pub mod conn;
 pub mod control_ui;

@@ -23,6 +23,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
+use crate::coalesce::Coalesced;
 use crate::config::EdgeConfig;
 use crate::edge::{Backends, Edge};
 use crate::preauth_io::{Guarded, PreauthGuard};
@@ -45,10 +46,10 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
     has(UPGRADE, "websocket") && has(CONNECTION, "upgrade")
 }
 
-/// Small buffers keep an idle connection cheap. The write buffer gathers
-/// the frames of one batch (`socket::write_batch`) into system calls of
-/// about this size; it keeps its largest size, which stays near it because
-/// no frame is longer than `--socket-frame-bytes`.
+/// Small buffers keep an idle connection cheap: the library's write buffer
+/// keeps its largest size, which stays near this because no frame is longer
+/// than `--socket-frame-bytes`. What it writes is gathered beneath it
+/// (`coalesce::Coalesced`) into one system call per batch of frames.
 pub fn websocket_config(max_payload: usize) -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(1024)
@@ -125,6 +126,7 @@ async fn route(
                 let config = websocket_config(edge.config.max_payload);
                 let guard = PreauthGuard::new(edge.config.preauth_max_bytes);
                 let io = Guarded::new(TokioIo::new(upgraded), guard.clone());
+                let io = Coalesced::new(io, edge.config.socket_write_coalesce_bytes);
                 let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
                 crate::socket::run(edge, socket, peer, slot, guard).await;
             }

@@ -16,13 +16,14 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::coalesce::Coalesced;
 use crate::conn::{ClientInfo, CloseOrder, Conn, OutFrame, Outbox, OutboxReader};
 use crate::edge::{Edge, PreauthSlot};
 use crate::frames::{self, ErrorShape, FrameError, parse_request};
 use crate::handshake::{self, Rejection};
 use crate::preauth_io::{Guarded, PreauthGuard};
 
-type Socket = WebSocketStream<Guarded<TokioIo<hyper::upgrade::Upgraded>>>;
+type Socket = WebSocketStream<Coalesced<Guarded<TokioIo<hyper::upgrade::Upgraded>>>>;
 type WsError = tokio_tungstenite::tungstenite::Error;
 
 async fn close(socket: &mut Socket, code: u16, reason: &str) {
