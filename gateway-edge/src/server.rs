@@ -127,7 +127,9 @@ async fn route(
                 let guard = PreauthGuard::new(edge.config.preauth_max_bytes);
                 let io = Guarded::new(TokioIo::new(upgraded), guard.clone());
                 let io = Coalesced::new(io, edge.config.socket_write_coalesce_bytes);
-                let socket = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
+                let socket = Box::new(
+                    WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await,
+                );
                 crate::socket::run(edge, socket, peer, slot, guard).await;
             }
             Err(err) => {

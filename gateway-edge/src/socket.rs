@@ -23,7 +23,13 @@ use crate::frames::{self, ErrorShape, FrameError, parse_request};
 use crate::handshake::{self, Rejection};
 use crate::preauth_io::{Guarded, PreauthGuard};
 
-type Socket = WebSocketStream<Coalesced<Guarded<TokioIo<hyper::upgrade::Upgraded>>>>;
+/// The socket stack: WebSocket framing over write coalescing over the
+/// pre-auth guard over the upgraded HTTP connection.
+pub type WebSocket = WebSocketStream<Coalesced<Guarded<TokioIo<hyper::upgrade::Upgraded>>>>;
+/// Boxed, because the socket is handed from the task to the handshake to
+/// the serving loop, and each async function's state would otherwise keep
+/// its own copy of it (a few hundred bytes each) for the connection's life.
+pub type Socket = Box<WebSocket>;
 type WsError = tokio_tungstenite::tungstenite::Error;
 
 async fn close(socket: &mut Socket, code: u16, reason: &str) {
@@ -500,6 +506,6 @@ async fn serve_connection(
             close(&mut socket, order.code, &order.reason).await;
         }
     } else {
-        let _ = socket.close(None).await;
+        let _ = WebSocket::close(&mut socket, None).await;
     }
 }
