@@ -225,7 +225,13 @@ impl Inner {
         let Some(lane) = state.lanes.get(&run.key) else {
             return 0;
         };
-        let ahead = lane.queued.iter().position(|id| *id == run.id).unwrap_or(0);
+        // Searched from the back: a run just queued (every admission's
+        // snapshot) is found at once, however long its lane.
+        let ahead = lane
+            .queued
+            .iter()
+            .rposition(|id| *id == run.id)
+            .unwrap_or(0);
         (ahead + usize::from(lane.running.is_some())) as u32
     }
 
