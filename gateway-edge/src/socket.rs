@@ -434,10 +434,16 @@ async fn serve_connection(
     // is (a `chat.send` waiting behind other runs' events) would spend its
     // sync-phase budget there. A peer that floods requests delays only its
     // own events (and its outbox's byte budget still bounds them).
+    // Made once, not per wakeup: a cancellation future registers with its
+    // token when first polled, and re-making it on every turn of the loop
+    // (every batch of a busy fan-out) was a lock and a registration each.
+    let closing = conn.outbox.closing.cancelled();
+    let shutdown = edge.shutdown.cancelled();
+    tokio::pin!(closing, shutdown);
     let order = loop {
         tokio::select! {
             biased;
-            () = conn.outbox.closing.cancelled() => {
+            () = &mut closing => {
                 let order = conn.outbox.close_order();
                 // What was answered before the order still goes out (the
                 // flood guard's last refusal), unless the peer not reading
@@ -447,7 +453,7 @@ async fn serve_connection(
                 }
                 break order;
             }
-            () = edge.shutdown.cancelled() => {
+            () = &mut shutdown => {
                 let payload = json!({ "reason": "service restart", "restartExpectedMs": 0 });
                 conn.outbox.broadcast("shutdown", &payload, false);
                 // Flush what is queued, including the shutdown event.
@@ -473,8 +479,8 @@ async fn serve_connection(
                 // (slow consumer, shutdown) must still get through.
                 let (sent, bytes) = tokio::select! {
                     sent = write_batch(&mut socket, frame, &mut reader, frame_bytes) => sent,
-                    () = conn.outbox.closing.cancelled() => break conn.outbox.close_order(),
-                    () = edge.shutdown.cancelled() => break Some(CloseOrder { code: 1012, reason: "service restart".into() }),
+                    () = &mut closing => break conn.outbox.close_order(),
+                    () = &mut shutdown => break Some(CloseOrder { code: 1012, reason: "service restart".into() }),
                 };
                 conn.outbox.written(bytes);
                 if sent.is_err() {
