@@ -429,17 +429,17 @@ async fn serve_connection(
     // go out together.
     let linger_for = edge.config.event_linger;
     let mut hold_until: Option<tokio::time::Instant> = None;
-    // Requests are read before queued events are written: under a heavy
-    // fan-out the outbox is rarely empty, and a request read only once it
-    // is (a `chat.send` waiting behind other runs' events) would spend its
-    // sync-phase budget there. A peer that floods requests delays only its
-    // own events (and its outbox's byte budget still bounds them).
     // Made once, not per wakeup: a cancellation future registers with its
     // token when first polled, and re-making it on every turn of the loop
     // (every batch of a busy fan-out) was a lock and a registration each.
     let closing = conn.outbox.closing.cancelled();
     let shutdown = edge.shutdown.cancelled();
     tokio::pin!(closing, shutdown);
+    // Requests are read before queued events are written: under a heavy
+    // fan-out the outbox is rarely empty, and a request read only once it
+    // is (a `chat.send` waiting behind other runs' events) would spend its
+    // sync-phase budget there. A peer that floods requests delays only its
+    // own events (and its outbox's byte budget still bounds them).
     let order = loop {
         tokio::select! {
             biased;

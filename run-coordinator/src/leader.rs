@@ -51,7 +51,7 @@ impl Inner {
                 () = lost.cancelled() => return,
                 () = stop.cancelled() => return,
                 () = sleep_until_some(fence_at) => {
-                    self.fence_expired().await;
+                    self.fence_expired();
                     return;
                 }
             }
@@ -164,12 +164,10 @@ impl Inner {
             .await
     }
 
-    /// The local deadline passed without a renewal: stop acting now. One
-    /// last renewal asks the store what happened, for the reason given; its
-    /// answer does not change the decision.
-    async fn fence_expired(&self) {
-        // What became of the leases is asked once, after the tenure ended
-        // (`Coordinator::settle_loss`), not here.
+    /// The local deadline passed without a renewal: stop acting now. What
+    /// became of the leases is asked once, after the tenure ended
+    /// (`Coordinator::settle_loss`), not here.
+    fn fence_expired(&self) {
         self.ownership
             .lose("the leases were not renewed before they could expire".to_owned());
     }
