@@ -967,14 +967,6 @@ async fn health_on_fresh_connection(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + STEP;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_frames_never_hang_or_break_the_edge() {
     let system = System::start().await;
@@ -1061,7 +1053,7 @@ async fn malformed_frames_never_hang_or_break_the_edge() {
 
     // The edge is intact: no connection or pre-auth slot leaked, and a
     // fresh client is served.
-    wait_until("every fuzz connection is unregistered", || {
+    wait_until("every fuzz connection is unregistered", STEP, || {
         edge.connection_count() == 0
     })
     .await;

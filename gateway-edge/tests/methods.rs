@@ -289,14 +289,12 @@ async fn the_session_feed_forgets_sessions_nobody_watches() {
     }
     assert_eq!(edge.session_feed.followed(), 1100);
     drop(first);
-    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while edge.connection_count() > 0 {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the first client stayed"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    common::wait_until(
+        "the first client stayed",
+        std::time::Duration::from_secs(30),
+        || edge.connection_count() == 0,
+    )
+    .await;
     let mut second = Client::connect(&url, &["operator.read", "operator.write"]).await;
     for i in 0..1000 {
         let answer = second

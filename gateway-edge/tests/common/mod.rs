@@ -473,3 +473,12 @@ pub fn grants(held: Option<&str>, required: Option<&str>) -> bool {
         (None, Some(_)) => false,
     }
 }
+
+/// Polls `done` until it holds, failing with `what` after `within`.
+pub async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
