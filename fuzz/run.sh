@@ -11,7 +11,9 @@
 #
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`).
 # FUZZ_TARGETS="frame connect" picks targets; FUZZ_SANITIZER=none builds
-# without AddressSanitizer (faster; the code under test is safe Rust).
+# without AddressSanitizer (faster; the code under test is safe Rust);
+# FUZZ_RUNS=10000000 stops each target after that many executions instead
+# of after SECONDS.
 set -uo pipefail
 
 seconds=${1:-60}
@@ -19,6 +21,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 fuzz="$root/fuzz"
 targets=${FUZZ_TARGETS:-frame connect method_params store_request}
 sanitizer=${FUZZ_SANITIZER:-address}
+limit=("-max_total_time=$seconds")
+[ -n "${FUZZ_RUNS:-}" ] && limit=("-runs=$FUZZ_RUNS")
 flags=(--fuzz-dir "$fuzz" --sanitizer "$sanitizer")
 
 cd "$root"
@@ -33,13 +37,13 @@ for target in $targets; do
     dict=()
     [ -f "$fuzz/dicts/$target.dict" ] && dict=("-dict=$fuzz/dicts/$target.dict")
     log="$fuzz/logs/$target.log"
-    echo "== $target: ${seconds}s"
+    echo "== $target: ${limit[*]}"
     # With -jobs, libFuzzer writes the job's output to fuzz-0.log in the
     # current directory: run from the logs folder.
     (
         cd "$fuzz/logs" && rm -f fuzz-0.log &&
             cargo +nightly fuzz run "${flags[@]}" "$target" "$corpus" "$fuzz/seeds/$target" -- \
-                -max_total_time="$seconds" -print_final_stats=1 -jobs=1 -workers=1 \
+                "${limit[@]}" -print_final_stats=1 -jobs=1 -workers=1 \
                 -timeout=30 -rss_limit_mb=4096 "${dict[@]}"
     )
     rc=$?
@@ -60,6 +64,6 @@ for target in $targets; do
 done
 
 echo
-echo "executions per target (${seconds}s each):"
+echo "executions per target (${limit[*]} each):"
 printf '%s\n' "${summary[@]}"
 exit "$status"

@@ -7,21 +7,20 @@
 //! Without `--bench` (under `cargo test --all-targets`) it makes a short
 //! smoke run.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{SinkExt, StreamExt};
+use clawgate_client::socket::{self, WebSocket as Ws};
+use clawgate_client::{ClientInfo, ConnectParams, OpenOptions};
+use clawgate_system_tests::Sandbox;
+use clawgate_system_tests::client::TOKEN;
+use clawgate_system_tests::process::{Process, service_command, until_ready};
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use tokio_util::sync::CancellationToken;
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-const TOKEN: &str = "benchtoken";
+/// How long one frame may take to come.
+const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
 
 struct Sizes {
     connects: usize,
@@ -38,32 +37,25 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 }
 
 async fn next_json(ws: &mut Ws) -> Value {
-    loop {
-        match ws.next().await {
-            Some(Ok(Message::Text(text))) => return serde_json::from_str(&text).unwrap(),
-            Some(Ok(_)) => continue,
-            other => panic!("connection ended: {other:?}"),
-        }
-    }
+    let deadline = tokio::time::Instant::now() + FRAME_TIMEOUT;
+    socket::next_json(ws, Some(deadline), "a frame")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Opens and authenticates a connection; returns it and the time it took.
 async fn connect(url: &str) -> (Ws, Duration) {
     let started = Instant::now();
-    let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
-    let _challenge = next_json(&mut ws).await;
-    let hello = json!({"type":"req","id":"c","method":"connect","params":{
-        "minProtocol":4,"maxProtocol":4,
-        "client":{"id":"cli","version":"bench","platform":"linux","mode":"cli"},
-        "auth":{"token":TOKEN},"role":"operator","scopes":["operator.write"]}});
-    ws.send(Message::text(hello.to_string())).await.unwrap();
-    loop {
-        let frame = next_json(&mut ws).await;
-        if frame["type"] == "res" {
-            assert_eq!(frame["ok"], true, "{frame}");
-            return (ws, started.elapsed());
-        }
-    }
+    let mut ws = socket::open(url, &OpenOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = ClientInfo::new("cli", "cli", "bench");
+    let params = ConnectParams::operator(client, &["operator.write"]).token(TOKEN);
+    let deadline = tokio::time::Instant::now() + FRAME_TIMEOUT;
+    socket::handshake(&mut ws, &params, deadline)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (ws, started.elapsed())
 }
 
 /// Sends `count` requests one after another; returns each latency in µs.
@@ -73,11 +65,10 @@ async fn requests(ws: &mut Ws, count: usize, make: impl Fn(usize) -> (String, Va
         let (method, params) = make(n);
         let id = format!("r{n}");
         let started = Instant::now();
-        ws.send(Message::text(
-            json!({"type":"req","id":id,"method":method,"params":params}).to_string(),
-        ))
-        .await
-        .unwrap();
+        let frame = clawgate_client::frame::request(&id, &method, params);
+        socket::send_json(ws, &frame)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         loop {
             let frame = next_json(ws).await;
             if frame["type"] == "res" && frame["id"] == id.as_str() {
@@ -135,16 +126,6 @@ async fn parallel(
     (all, started.elapsed())
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::main]
 async fn main() {
     let benchmarking = std::env::args().any(|a| a == "--bench");
@@ -164,8 +145,6 @@ async fn main() {
             idle_connections: 50,
         }
     };
-    let stop = CancellationToken::new();
-    let dir = tempfile::tempdir().unwrap();
     let runtime = Arc::new(EchoRuntime::new(EchoConfig {
         chunks: 2,
         pace: Duration::ZERO,
@@ -174,44 +153,23 @@ async fn main() {
         max_executing: 64,
         ..CoordinatorConfig::default()
     };
-    let services = clawgate_system_tests::local::spawn(dir.path(), runtime, config, stop.clone())
-        .await
-        .unwrap();
-    let (store_url, coordinator_url) = (services.store_url, services.coordinator_url);
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut edge = tokio::process::Command::new(env!("CARGO_BIN_EXE_gateway-edge"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args([
-            "--coordinator-address",
-            &coordinator_url,
-            "--store-address",
-            &store_url,
-        ])
-        .args([
-            "--token",
-            TOKEN,
-            "--max-connections",
-            "20000",
-            "--preauth-per-ip",
-            "256",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start gateway-edge");
-    let url = format!("ws://127.0.0.1:{port}");
-    let ready = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        assert!(Instant::now() < ready, "edge did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sandbox = Sandbox::builder()
+        .runtime(runtime)
+        .config(config)
+        .start()
+        .await;
+    let mut command = service_command(env!("CARGO_BIN_EXE_gateway-edge"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--coordinator-address", sandbox.coordinator_url()])
+        .args(["--store-address", sandbox.store_url()])
+        .args(["--token", TOKEN])
+        .args(["--max-connections", "20000", "--preauth-per-ip", "256"])
+        // Every socket comes from 127.0.0.1.
+        .args(["--sockets-per-ip", "20000", "--max-preauth", "20000"]);
+    let edge = Process::start(command, "gateway-edge", "gateway edge listening").await;
+    until_ready(edge.address, || edge.output_text()).await;
+    let url = format!("ws://{}", edge.address);
 
     println!("| measurement | connections | p50 µs | p99 µs | per second |");
     println!("|---|---|---|---|---|");
@@ -248,8 +206,8 @@ async fn main() {
 
     // Idle authenticated connections: the edge's RSS growth per connection.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let pid = edge.id().unwrap();
-    let before = rss_kib(pid);
+    let rss_kib = || edge.status_kib("VmRSS").unwrap_or(0);
+    let before = rss_kib();
     let mut idle = Vec::with_capacity(sizes.idle_connections);
     for chunk in 0..sizes.idle_connections.div_ceil(100) {
         let batch: Vec<_> = (0..100.min(sizes.idle_connections - chunk * 100))
@@ -263,7 +221,7 @@ async fn main() {
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = rss_kib(pid);
+    let after = rss_kib();
     println!();
     println!(
         "edge RSS: {before} KiB before, {after} KiB with {} idle authenticated connections = {:.1} KiB per connection",
@@ -271,6 +229,6 @@ async fn main() {
         (after.saturating_sub(before)) as f64 / idle.len() as f64
     );
     drop(idle);
-    let _ = edge.start_kill();
-    stop.cancel();
+    drop(edge);
+    sandbox.finish().await;
 }

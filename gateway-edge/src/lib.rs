@@ -1,40 +1,36 @@
 //! The gateway edge: the OpenClaw gateway protocol v4 over WebSocket,
 //! translated into gRPC calls to the run coordinator and the session store.
 //!
-//! `server` (HTTP listener, upgrade, pre-auth budget), `socket` (one
-//! connection's life), `handshake` + `identity` + `device` (connect),
-//! `scopes` (authorization), `methods` (the method table and one file per
-//! method family, `runs.resume` among them) + `params` (closed params),
-//! `fanin` (the coordinators' event streams) + `fanout` (run events to
-//! clients), `conn` (outbox with the slow-consumer
-//! policy), `frames` (the wire shapes), `trace` (a span per request),
-//! `metrics` (Prometheus).
+//! The crate is in layers, each a folder, each using only those below it
+//! (`tests/tests/module_graph.rs` holds it to that):
+//!
+//! - `protocol` — the wire: frames, closed params, the JSON depth bound,
+//!   transcript entries as protocol messages;
+//! - `config` — the flags;
+//! - `auth` — who may connect and call what: the `connect` params, shared
+//!   secrets, device identity and tokens, roles and scopes;
+//! - `state` — what the process shares: the edge (backends, the connection
+//!   registry), a connection and its outbox, caches, limits, metrics;
+//! - `events` — what flows to clients unasked: the coordinators' event
+//!   streams (fan-in), their delivery (fan-out), the session feed, presence;
+//! - `methods` — the method table and one file per method family;
+//! - `transport` — the HTTP listener, a socket's life (challenge, connect,
+//!   the serving loop), pre-auth I/O, write coalescing, client addresses,
+//!   the Control UI's files.
+//!
+//! `fuzzing` (behind the `fuzzing` feature) is the fuzz targets' harness.
 
-pub mod coalesce;
+pub mod auth;
 pub mod config;
-pub mod conn;
-pub mod control_ui;
-pub mod coordinators;
-pub mod device;
-pub mod edge;
-pub mod fanin;
-pub mod fanout;
-pub mod frames;
+pub mod events;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod handshake;
-pub mod identity;
-pub mod json_depth;
 pub mod methods;
-pub mod metrics;
-pub mod params;
-pub mod peer;
-pub mod preauth_io;
-pub mod presence;
-pub mod request_limits;
-pub mod scopes;
-pub mod server;
-pub mod session_feed;
-pub mod settings_cache;
-pub mod socket;
-pub mod trace;
+pub mod protocol;
+pub mod state;
+pub mod transport;
+
+pub use config::EdgeConfig;
+pub use state::{Backends, Edge};
+pub use transport::server::{serve, serve_edge, serve_with_metrics};

@@ -1,7 +1,7 @@
 //! The `gateway-edge` binary: flags/env → `serve` until SIGTERM or ctrl-c.
 
 use clap::Parser;
-use gateway_edge::config::EdgeConfig;
+use gateway_edge::EdgeConfig;
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
@@ -21,8 +21,7 @@ async fn main() -> anyhow::Result<()> {
     let config = Cli::parse().config;
     config.check()?;
     let listener = TcpListener::bind(config.listen).await?;
-    let served =
-        gateway_edge::server::serve(config, listener, clawgate_common::shutdown_signal()).await;
+    let served = gateway_edge::serve(config, listener, clawgate_common::shutdown_signal()).await;
     telemetry.shutdown(clawgate_telemetry::SHUTDOWN_FLUSH).await;
     served
 }

@@ -35,7 +35,7 @@ fn assert_error(answer: &Value, code: &str, message: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_over_the_in_flight_limit_are_refused_as_retryable() {
     let runtime = GatedRuntime::new(1);
-    let system = System::start_with_runtime(CoordinatorConfig::default(), runtime.clone()).await;
+    let system = system_with_runtime(CoordinatorConfig::default(), runtime.clone()).await;
     let mut config = system.edge_config();
     config.max_in_flight = 2;
     let (url, _) = system.edge(config).await;
@@ -94,7 +94,7 @@ fn nested(levels: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_nested_too_deep_is_an_invalid_request_frame() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.max_json_depth = 16;
     let (url, _) = system.edge(config).await;
@@ -140,7 +140,7 @@ async fn a_frame_nested_too_deep_is_an_invalid_request_frame() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_text_message_that_is_not_utf8_closes_with_1007() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut bystander = Client::connect(&url, &[WRITE]).await;
     let not_utf8 = vec![b'{', 0xff, 0xfe, b'}'];
@@ -177,7 +177,7 @@ async fn a_text_message_that_is_not_utf8_closes_with_1007() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_that_never_finishes_closes_the_socket() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.tick_interval = Duration::from_millis(50);
     config.frame_timeout = Duration::from_millis(200);
@@ -206,7 +206,7 @@ async fn a_frame_that_never_finishes_closes_the_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_history_refuses_a_limit_over_the_protocols_cap() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut greedy = Client::connect(&url, &[WRITE]).await;
     let mut bystander = Client::connect(&url, &[WRITE]).await;
@@ -241,7 +241,7 @@ async fn chat_history_refuses_a_limit_over_the_protocols_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_authentications_from_one_ip_are_limited_while_others_work() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.auth_failures_per_minute = 3;
     let (url, _) = system.edge(config).await;
@@ -282,7 +282,7 @@ async fn refused(client: &mut Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_unauthorized_calls_close_the_socket() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.unauthorized_flood_limit = 3;
     let (url, _) = system.edge(config).await;
@@ -306,5 +306,32 @@ async fn repeated_unauthorized_calls_close_the_socket() {
         (1008, "repeated unauthorized calls".to_owned())
     );
     still_served(&mut bystander).await;
+    system.stop.cancel();
+}
+
+/// The connection cap (`--max-connections`) counts sockets from their
+/// upgrade to their end, authenticated or not: one more is refused 503
+/// before it is upgraded, and the room comes back once a socket is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_over_the_connection_cap_are_refused_until_one_goes() {
+    let system = system().await;
+    let mut config = system.edge_config();
+    config.max_connections = 2;
+    let (url, _) = system.edge(config).await;
+    let mut bystander = Client::connect(&url, &[WRITE]).await;
+    // Still in its handshake: it holds its room all the same.
+    let pending = Client::open(&url).await;
+    assert_eq!(Client::open_with_headers(&url, &[]).await.err(), Some(503));
+    still_served(&mut bystander).await;
+    drop(pending);
+    let what = "the room of a closed socket to come back";
+    wait_for(what, DEADLINE, async || {
+        match Client::open_with_headers(&url, &[]).await {
+            Ok(_) => Ok(()),
+            Err(503) => Err("HTTP 503"),
+            Err(status) => panic!("the room of a closed socket did not come back: {status}"),
+        }
+    })
+    .await;
     system.stop.cancel();
 }

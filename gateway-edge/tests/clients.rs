@@ -38,7 +38,7 @@ async fn connect_with(url: &str, params: Value) -> (Client, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn current_clients_connect_and_node_hosts_are_told_why_not() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
 
     let (_ui, res) = connect_with(&url, control_ui_connect()).await;
@@ -179,7 +179,7 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_four_queue_modes_of_chat_send() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.write"]).await;
 
@@ -303,7 +303,7 @@ async fn the_four_queue_modes_of_chat_send() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_uses_settings_changed_behind_the_edge() {
     use session_store_api::SessionStore;
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.read", "operator.write"]).await;
     // The first send reads the session (creating it); the edge keeps its
@@ -311,7 +311,7 @@ async fn a_send_uses_settings_changed_behind_the_edge() {
     send(&mut client, "behind", "bh-0", "hello", json!({})).await;
     chat_end(&mut client, "bh-0").await;
 
-    let store = session_store_api::grpc::client::RemoteStore::connect(&system.store_url)
+    let store = session_store_api::grpc::client::RemoteStore::connect(system.store_url())
         .await
         .unwrap();
     store
@@ -345,7 +345,7 @@ async fn a_send_uses_settings_changed_behind_the_edge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slash_commands_are_interpreted_with_their_scopes() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut writer = Client::connect(&url, &["operator.write"]).await;
     let mut admin = Client::connect(&url, ADMIN_SCOPES).await;
@@ -408,7 +408,7 @@ async fn slash_commands_are_interpreted_with_their_scopes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_agent_for_a_running_key_answers_in_flight_once() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.write"]).await;
     let params = json!({ "message": "SLOW work", "idempotencyKey": "dup-1", "sessionKey": "dup" });
@@ -440,7 +440,7 @@ async fn a_duplicate_agent_for_a_running_key_answers_in_flight_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attachments_reach_the_runtime_and_the_transcript() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.attachment_max_bytes = 1024;
     let (url, _) = system.edge(config).await;
@@ -537,7 +537,7 @@ async fn attachments_reach_the_runtime_and_the_transcript() {
 /// run, in the same order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_events_reach_only_connections_with_the_tool_events_cap() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut params = connect_params(&[WRITE]);
     params["caps"] = json!(["tool-events"]);

@@ -19,7 +19,7 @@ fn run_seqs(frames: &[Value], run_id: &str) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_started_on_edge_a_is_seen_waited_and_aborted_on_edge_b() {
-    let system = System::start().await;
+    let system = system().await;
     let (url_a, _) = system.edge(system.edge_config()).await;
     let (url_b, _) = system.edge(system.edge_config()).await;
     let mut on_a = Client::connect(&url_a, &["operator.write"]).await;
@@ -61,7 +61,7 @@ async fn a_run_started_on_edge_a_is_seen_waited_and_aborted_on_edge_b() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_on_another_edge_has_no_gap_and_no_duplicate() {
-    let system = System::start().await;
+    let system = system().await;
     let (url_a, _) = system.edge(system.edge_config()).await;
     let (url_b, _) = system.edge(system.edge_config()).await;
     let mut first = Client::connect(&url_a, &["operator.write"]).await;
@@ -156,7 +156,7 @@ async fn resume_after_a_broadcast_event_reached_the_new_connection_has_no_gap() 
         delta_interval: Duration::ZERO,
         ..CoordinatorConfig::default()
     };
-    let system = System::start_with_runtime(config, runtime.clone()).await;
+    let system = system_with_runtime(config, runtime.clone()).await;
     let (url, _) = system.edge(system.edge_config()).await;
     let assistant = |pieces: usize| {
         move |f: &Value| {
@@ -243,8 +243,8 @@ async fn resume_after_a_broadcast_event_reached_the_new_connection_has_no_gap() 
 }
 
 /// Submits a run straight to the coordinator and waits for its end.
-async fn run_to_end(system: &System, run_id: &str, message: &str) {
-    submit_and_wait(&system.coordinator_url, run_id, message).await;
+async fn run_to_end(system: &Sandbox, run_id: &str, message: &str) {
+    submit_and_wait(system.coordinator_url(), run_id, message).await;
 }
 
 async fn submit_and_wait(coordinator_url: &str, run_id: &str, message: &str) {
@@ -275,12 +275,13 @@ async fn submit_and_wait(coordinator_url: &str, run_id: &str, message: &str) {
 }
 
 /// The text a run has streamed so far, per the coordinator.
-async fn streamed(system: &System, run_id: &str) -> usize {
+async fn streamed(system: &Sandbox, run_id: &str) -> usize {
     use clawgate_proto::run_coordinator::v1 as pb;
-    let mut coordinator =
-        pb::run_coordinator_client::RunCoordinatorClient::connect(system.coordinator_url.clone())
-            .await
-            .unwrap();
+    let mut coordinator = pb::run_coordinator_client::RunCoordinatorClient::connect(
+        system.coordinator_url().to_owned(),
+    )
+    .await
+    .unwrap();
     let got = coordinator
         .get(pb::GetRequest {
             run_id: run_id.into(),
@@ -294,7 +295,7 @@ async fn streamed(system: &System, run_id: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_consumers_drop_deltas_then_close_without_hurting_others() {
     // Every runtime chunk becomes its own delta event, so a flood is many events.
-    let system = System::start_with(run_coordinator::config::CoordinatorConfig {
+    let system = system_with(run_coordinator::config::CoordinatorConfig {
         delta_interval: Duration::from_millis(1),
         ..Default::default()
     })
@@ -324,20 +325,19 @@ async fn slow_consumers_drop_deltas_then_close_without_hurting_others() {
     // and deltas are dropped), then reads everything before the end.
     let message = format!("FLOOD {}", "x".repeat(30 * 1024));
     let flood = {
-        let (coordinator_url, message) = (system.coordinator_url.clone(), message.clone());
+        let (coordinator_url, message) = (system.coordinator_url().to_owned(), message.clone());
         tokio::spawn(async move { submit_and_wait(&coordinator_url, "f-1", &message).await })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // Every 2 ms, so that no peak of an outbox goes unseen.
+    let mut sampling = Pacer::steady("the flood to stream", DEADLINE, Duration::from_millis(2));
     let mut max_queued = 0;
     while streamed(&system, "f-1").await < 15 * 1024 {
         for conn in edge.connections() {
             max_queued = max_queued.max(conn.outbox.queued_bytes());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the flood did not stream"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        if let Err(timed_out) = sampling.pause(None).await {
+            panic!("{timed_out}");
+        }
     }
     assert!(
         max_queued <= 64 * 1024,
@@ -369,10 +369,10 @@ async fn slow_consumers_drop_deltas_then_close_without_hurting_others() {
 
     // `stuck` never reads: more floods until a non-droppable event does not
     // fit its outbox any more, which closes it 1008.
-    while edge.connection_count() > 2 {
-        assert!(tokio::time::Instant::now() < deadline, "pausing never left");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("pausing to leave", DEADLINE, || {
+        edge.connection_count() <= 2
+    })
+    .await;
     for n in 2..=8 {
         if edge.connection_count() < 2 {
             break;
@@ -405,7 +405,7 @@ async fn slow_consumers_drop_deltas_then_close_without_hurting_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_says_so_then_closes_1012() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.read"]).await;
     system.stop.cancel();

@@ -6,7 +6,7 @@ mod captures;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use ed25519_dalek::{Signer as _, SigningKey};
-use gateway_edge::device::*;
+use gateway_edge::auth::device::*;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 

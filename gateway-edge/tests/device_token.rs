@@ -7,7 +7,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use common::*;
 use ed25519_dalek::{Signer as _, SigningKey};
-use gateway_edge::device::{
+use gateway_edge::auth::device::{
     PayloadVersion, SignedContext, device_auth_payload, device_id_for_public_key,
     public_key_base64url,
 };
@@ -57,7 +57,7 @@ async fn connect_device(url: &str, key: &SigningKey, auth: Value) -> (Client, Va
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_reconnects_with_its_device_token() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let key = SigningKey::from_bytes(&[7; 32]);
 
@@ -99,7 +99,7 @@ async fn a_device_reconnects_with_its_device_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_sharing_the_secret_accept_each_others_device_tokens() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.device_token_secret = Some("shared-secret".into());
     let (url_a, _) = system.edge(config.clone()).await;

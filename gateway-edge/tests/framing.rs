@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_messages_arrive_whole_from_small_frames() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.socket_frame_bytes = 512;
     let (url, _) = system.edge(config).await;
@@ -56,7 +56,7 @@ async fn long_messages_arrive_whole_from_small_frames() {
 /// before it, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_ends_the_event_linger() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.event_linger = std::time::Duration::from_secs(3600);
     let (url, _) = system.edge(config).await;
@@ -83,19 +83,14 @@ async fn an_answer_ends_the_event_linger() {
                 && f["payload"]["state"] == "final"
         })
     };
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let answer = loop {
+    let answer = wait_for("the run's final", DEADLINE, async || {
         let health = client.request("health", json!({})).await;
-        if final_at(&client.received).is_some() {
-            break health;
+        match final_at(&client.received) {
+            Some(_) => Ok(health),
+            None => Err(format!("received {:?}", client.received)),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the run's final never came: {:?}",
-            client.received
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    };
+    })
+    .await;
     let answer_at = client
         .received
         .iter()

@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use common::*;
 use futures::{SinkExt, StreamExt};
-use gateway_edge::edge::Edge;
-use gateway_edge::json_depth::nests_deeper_than;
+use gateway_edge::Edge;
 use gateway_edge::methods::SERVED_METHODS;
+use gateway_edge::protocol::json_depth::nests_deeper_than;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -668,20 +668,18 @@ fn expect_before_auth(frame: &Frame) -> PreauthExpect {
 // ---------------------------------------------------------------------------
 
 async fn upgrade(url: &str) -> Ws {
-    let deadline = Instant::now() + STEP;
-    loop {
+    wait_for("an upgrade", STEP, async || {
         let attempt = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
             .await
             .expect("an upgrade answer in time");
         match attempt {
-            Ok((ws, _)) => return ws,
+            Ok((ws, _)) => Ok(ws),
             // A slot is given back just after the close reaches us.
-            Err(tungstenite::Error::Http(r)) if r.status() == 503 && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            Err(tungstenite::Error::Http(r)) if r.status() == 503 => Err("HTTP 503"),
             Err(err) => panic!("upgrade failed: {err}"),
         }
-    }
+    })
+    .await
 }
 
 enum Read {
@@ -969,7 +967,7 @@ async fn health_on_fresh_connection(url: &str) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_frames_never_hang_or_break_the_edge() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.preauth_max_bytes = PREAUTH_MAX_BYTES;
     config.preauth_per_ip = PREAUTH_PER_IP;
@@ -1053,7 +1051,7 @@ async fn malformed_frames_never_hang_or_break_the_edge() {
 
     // The edge is intact: no connection or pre-auth slot leaked, and a
     // fresh client is served.
-    wait_until("every fuzz connection is unregistered", STEP, || {
+    wait_until("every fuzz connection to be unregistered", STEP, || {
         edge.connection_count() == 0
     })
     .await;

@@ -438,6 +438,10 @@ fn duplicate_keys_count_for_the_nesting_bound() {
     let frame = r#"{"type":"req","id":"1","method":"health","params":{"a":[[[1]]],"a":1}}"#;
     check_frame(frame.as_bytes());
     // The frame, params, then `[[[`: five levels.
-    assert!(gateway_edge::json_depth::nests_deeper_than(frame, 4));
-    assert!(!gateway_edge::json_depth::nests_deeper_than(frame, 5));
+    assert!(gateway_edge::protocol::json_depth::nests_deeper_than(
+        frame, 4
+    ));
+    assert!(!gateway_edge::protocol::json_depth::nests_deeper_than(
+        frame, 5
+    ));
 }

@@ -117,7 +117,7 @@ fn awaited_chat_end(records: &[Value]) -> Option<(String, String)> {
 }
 
 async fn replay(file: &str) {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     for (conn, records) in connections(file) {
         let mut client = Client::open(&url).await;
@@ -542,7 +542,7 @@ fn transcript_shape(payload: &Value) -> Vec<(Value, Value)> {
 fn resign_connect(frame: &mut Value, recorded_nonce: &str, recorded_at: i64, challenge: &Value) {
     use base64::Engine as _;
     use ed25519_dalek::{Signer as _, SigningKey};
-    use gateway_edge::device::*;
+    use gateway_edge::auth::device::*;
     let params = frame["params"].clone();
     let device = &params["device"];
     if !device.is_object() {
@@ -880,7 +880,7 @@ async fn replay_flow(file: &str, known_unserved: &[&str], compare_transcripts: b
     let runtime = Arc::new(FlowRuntime {
         echo: EchoRuntime::new(EchoConfig::default()),
     });
-    let system = System::start_with_runtime(CoordinatorConfig::default(), runtime).await;
+    let system = system_with_runtime(CoordinatorConfig::default(), runtime).await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut subst = Subst::default();
     let mut unserved = BTreeSet::new();

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use futures::{SinkExt, StreamExt};
-use gateway_edge::config::EdgeConfig;
+use gateway_edge::EdgeConfig;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -161,8 +161,8 @@ fn host_of(url: &str) -> &str {
     url.trim_start_matches("ws://")
 }
 
-async fn start(config: impl FnOnce(&mut EdgeConfig)) -> (System, String) {
-    let system = System::start().await;
+async fn start(config: impl FnOnce(&mut EdgeConfig)) -> (Sandbox, String) {
+    let system = system().await;
     let mut edge_config = system.edge_config();
     config(&mut edge_config);
     let (url, _) = system.edge(edge_config).await;
@@ -823,16 +823,14 @@ async fn try_open(url: &str) -> Result<(Ws, Value), u16> {
 
 /// Retries an upgrade until it succeeds (a slot frees asynchronously).
 async fn open_when_free(url: &str) -> Ws {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    wait_for("a free pre-auth slot", WAIT, async || {
         match try_open(url).await {
-            Ok((ws, _)) => return ws,
-            Err(503) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(status) => panic!("no free pre-auth slot in time (HTTP {status})"),
+            Ok((ws, _)) => Ok(ws),
+            Err(503) => Err("HTTP 503"),
+            Err(status) => panic!("no pre-auth slot (HTTP {status})"),
         }
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,7 +56,7 @@ async fn run_to_final(client: &mut Client, key: &str, message: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_limit_answers_for_itself_just_under_and_just_over() {
-    let system = System::start().await;
+    let system = system().await;
     let config = system.edge_config();
     assert_eq!(config.max_payload, limits::EDGE_MAX_PAYLOAD);
     let (url, _) = system.edge(config).await;

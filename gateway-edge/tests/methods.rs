@@ -7,7 +7,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_two_phase_and_chat_send_lifecycle() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.write"]).await;
 
@@ -100,7 +100,7 @@ async fn agent_two_phase_and_chat_send_lifecycle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_abort_by_session_and_by_run() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.admin"]).await;
     client
@@ -174,7 +174,7 @@ async fn chat_abort_by_session_and_by_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_methods() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.admin"]).await;
     let subscribed = client.request("sessions.subscribe", json!({})).await;
@@ -216,7 +216,7 @@ async fn sessions_methods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_retry_while_running_is_the_same_run() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.write"]).await;
     let params = json!({"message":"SLOW retry me","idempotencyKey":"retry-1","sessionKey":"retry"});
@@ -254,7 +254,7 @@ async fn an_agent_retry_while_running_is_the_same_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_tick_events_arrive_on_their_intervals() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     config.health_interval = std::time::Duration::from_millis(50);
     config.tick_interval = std::time::Duration::from_millis(50);
@@ -274,8 +274,24 @@ async fn health_and_tick_events_arrive_on_their_intervals() {
 /// have doubled since the last pruning, past 1,024.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_feed_forgets_sessions_nobody_watches() {
-    let system = System::start().await;
-    let (url, edge) = system.edge(system.edge_config()).await;
+    let system = system().await;
+    // The feed is the event machinery's: this edge is served with it at hand.
+    let mut config = system.edge_config();
+    // One connection watches past the pruning threshold.
+    config.max_watched_sessions = 2000;
+    let edge = gateway_edge::Edge::new(
+        config.clone(),
+        gateway_edge::Backends::connect_lazy(&config).unwrap(),
+    );
+    let events = std::sync::Arc::new(gateway_edge::events::Events::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    tokio::spawn(gateway_edge::transport::server::serve_with_events(
+        edge.clone(),
+        events.clone(),
+        listener,
+        system.stop.clone().cancelled_owned(),
+    ));
     let subscribe = |key: String| json!({ "key": key });
     let mut first = Client::connect(&url, &["operator.read"]).await;
     for i in 0..1100 {
@@ -287,10 +303,10 @@ async fn the_session_feed_forgets_sessions_nobody_watches() {
             .await;
         assert_eq!(answer["ok"], true, "{answer}");
     }
-    assert_eq!(edge.session_feed.followed(), 1100);
+    assert_eq!(events.feed.followed(), 1100);
     drop(first);
     common::wait_until(
-        "the first client stayed",
+        "the first client to leave",
         std::time::Duration::from_secs(30),
         || edge.connection_count() == 0,
     )
@@ -305,7 +321,7 @@ async fn the_session_feed_forgets_sessions_nobody_watches() {
             .await;
         assert_eq!(answer["ok"], true, "{answer}");
     }
-    let followed = edge.session_feed.followed();
+    let followed = events.feed.followed();
     assert!(
         followed <= 1000,
         "{followed} followed: the gone client's sessions were kept"

@@ -31,8 +31,10 @@ impl Scrape {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_moves_every_service_metrics() {
-    let system = System::start().await;
-    let (url, _) = system.edge(system.edge_config()).await;
+    let system = system().await;
+    let mut config = system.edge_config();
+    config.metrics_on_public_port = true;
+    let (url, _) = system.edge(config).await;
     let edge_address: SocketAddr = url.trim_start_matches("ws://").parse().unwrap();
     let mut client = Client::connect(&url, &["operator.write"]).await;
 
@@ -73,7 +75,7 @@ async fn a_chat_moves_every_service_metrics() {
 
     // Coordinator: one new run (ACKed), one replay, one run ended ok; the
     // final chat event is emitted only after the terminal is counted.
-    let coordinator = Scrape::of(system.coordinator_metrics).await;
+    let coordinator = Scrape::of(system.coordinator_metrics_address()).await;
     let admissions = |outcome: &str, reason: &str| {
         let labels = format!("{{outcome=\"{outcome}\",reason=\"{reason}\"}}");
         coordinator.value("clawgate_coordinator_admissions_total", &labels)
@@ -95,7 +97,7 @@ async fn a_chat_moves_every_service_metrics() {
     assert!(coordinator.value("clawgate_coordinator_runs_executing", "") <= 1.0);
 
     // Store: the run's record and its transcript writes were timed.
-    let store = Scrape::of(system.store_metrics).await;
+    let store = Scrape::of(system.store_metrics_address()).await;
     let operations = |operation: &str| {
         let labels = format!("{{operation=\"{operation}\",outcome=\"ok\"}}");
         store.value("clawgate_store_operation_duration_seconds_count", &labels)
@@ -111,5 +113,36 @@ async fn a_chat_moves_every_service_metrics() {
         assert_eq!(scrape.value("clawgate_trace_spans_dropped_total", ""), 0.0);
         assert_eq!(scrape.value("clawgate_trace_spans_failed_total", ""), 0.0);
     }
+    system.stop.cancel();
+}
+
+/// By default `/metrics` is not on the public port (anyone who reaches it
+/// would read the edge's counters) but on a listen address of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_apart_from_the_public_port_unless_asked() {
+    let system = system().await;
+    let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let private = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (public_address, private_address) =
+        (public.local_addr().unwrap(), private.local_addr().unwrap());
+    tokio::spawn(gateway_edge::serve_with_metrics(
+        system.edge_config(),
+        public,
+        Some(private),
+        system.stop.clone().cancelled_owned(),
+    ));
+    let what = "the edge's /healthz to answer";
+    wait_for(what, DEADLINE, async || {
+        http_request(public_address, "GET", "/healthz")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let public_metrics = http_request(public_address, "GET", "/metrics")
+        .await
+        .unwrap();
+    assert_eq!(public_metrics.status, 404, "{}", public_metrics.body);
+    let scrape = Scrape::of(private_address).await;
+    assert!(scrape.value("clawgate_edge_sockets_open", "") >= 0.0);
     system.stop.cancel();
 }

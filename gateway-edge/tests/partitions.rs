@@ -9,44 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawgate_system_tests::fault_proxy::FaultProxy;
-use common::split::{Member, Split, until_streams};
+use clawgate_system_tests::sandbox::{CoordinatorOptions, Member, Ownership};
+use common::split::{edge_following, split, until_streams};
 use common::*;
-use gateway_edge::edge::Edge;
+use gateway_edge::Edge;
+use run_coordinator::ownership::Placement;
 use serde_json::{Value, json};
 use session_store::SessionStore;
-
-/// The run's terminal chat event (final, aborted or error).
-async fn chat_end(client: &mut Client, run_id: &str) -> Value {
-    let is_end = |f: &Value| {
-        f["event"] == "chat"
-            && f["payload"]["runId"] == run_id
-            && matches!(
-                f["payload"]["state"].as_str(),
-                Some("final" | "aborted" | "error")
-            )
-    };
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(end) = client.received.iter().find(|f| is_end(f)) {
-            return end.clone();
-        }
-        let seen: Vec<String> = client
-            .received
-            .iter()
-            .filter(|f| f["payload"]["runId"] == run_id)
-            .map(|f| format!("{} {}", f["event"], f["payload"]["state"]))
-            .collect();
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{run_id} did not end; its events: {seen:?}"
-        );
-        let next = tokio::time::timeout(Duration::from_millis(200), client.next_frame()).await;
-        assert!(
-            !matches!(next, Ok(None)),
-            "closed while waiting for {run_id}"
-        );
-    }
-}
 
 async fn send(client: &mut Client, session: &str, message: &str, run_id: &str) -> Value {
     let res = client
@@ -92,12 +61,12 @@ struct Scene {
     client: Client,
 }
 
-async fn scene(split: &Split, a: &Member, b: &Member) -> Scene {
+async fn scene(split: &Sandbox, a: &Member, b: &Member) -> Scene {
     let c = split
-        .member(StubRuntime::new(), split.options().await)
+        .start_coordinator(StubRuntime::new(), split.coordinator_options().await)
         .await;
     let seeds = format!("{},{}", a.url, b.url);
-    let (url, edge) = split.edge(split.edge_config(&seeds), 2).await;
+    let (url, edge) = edge_following(split, &seeds, 2).await;
     let client = Client::connect(&url, &[ADMIN]).await;
     Scene {
         c,
@@ -109,15 +78,21 @@ async fn scene(split: &Split, a: &Member, b: &Member) -> Scene {
 }
 
 /// A new send to `session` is answered and run to its end by `member`.
-async fn runs_on(split: &Split, client: &mut Client, session: &str, run_id: &str, member: &Member) {
+async fn runs_on(
+    split: &Sandbox,
+    client: &mut Client,
+    session: &str,
+    run_id: &str,
+    member: &Member,
+) {
     start(client, session, "after", run_id).await;
-    let end = chat_end(client, run_id).await;
+    let end = client.chat_end(run_id).await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
     assert_eq!(owner_of(split, run_id).await, member.id());
 }
 
 /// The coordinator member that owns the run's record.
-async fn owner_of(split: &Split, run_id: &str) -> String {
+async fn owner_of(split: &Sandbox, run_id: &str) -> String {
     split
         .store
         .get_run(run_id)
@@ -155,10 +130,12 @@ fn address_of(url: &str) -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_edge_serves_the_sessions_of_two_coordinators() {
-    let split = Split::start(4).await;
-    let (a, b) = split.two(StubRuntime::new(), split.options().await).await;
+    let split = split(4).await;
+    let (a, b) = split
+        .halves(StubRuntime::new(), split.coordinator_options().await)
+        .await;
     let seeds = format!("{},{}", a.url, b.url);
-    let (url, edge) = split.edge(split.edge_config(&seeds), 2).await;
+    let (url, edge) = edge_following(&split, &seeds, 2).await;
     assert_streams_from(&edge, &[&a, &b]);
     let (on_a, on_b) = (split.session_in(0, 0), split.session_in(1, 0));
     let mut client = Client::connect(&url, &[ADMIN]).await;
@@ -169,7 +146,7 @@ async fn one_edge_serves_the_sessions_of_two_coordinators() {
         start(&mut client, session, "hello", run).await;
     }
     for run in ["a-quick", "b-quick"] {
-        let end = chat_end(&mut client, run).await;
+        let end = client.chat_end(run).await;
         assert_eq!(end["payload"]["state"], "final", "{end}");
         assert!(
             end["payload"]["message"]["content"][0]["text"]
@@ -183,7 +160,7 @@ async fn one_edge_serves_the_sessions_of_two_coordinators() {
 
     // Another edge, which never saw these runs, finds each on its owner
     // (by the run's record) for agent.wait.
-    let (url2, _) = split.edge(split.edge_config(&seeds), 2).await;
+    let (url2, _) = edge_following(&split, &seeds, 2).await;
     let mut other = Client::connect(&url2, &[ADMIN]).await;
     for run in ["a-quick", "b-quick"] {
         let waited = other
@@ -247,9 +224,9 @@ async fn one_edge_serves_the_sessions_of_two_coordinators() {
         json!({ "ok": true, "aborted": true, "runIds": ["b-slow"] })
     );
     for run in ["a-slow", "b-slow"] {
-        let end = chat_end(&mut client, run).await;
+        let end = client.chat_end(run).await;
         assert_eq!(end["payload"]["state"], "aborted", "{end}");
-        let end = chat_end(&mut watcher, run).await;
+        let end = watcher.chat_end(run).await;
         assert_eq!(end["payload"]["state"], "aborted", "{end}");
         // From its start to its end, each event once, whether the broadcast
         // or the resume stream brought it.
@@ -272,11 +249,11 @@ async fn one_edge_serves_the_sessions_of_two_coordinators() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_handing_over_moves_its_sessions_to_a_standby() {
-    let split = Split::start(4).await;
-    let mut second = split.options().await;
+    let split = split(4).await;
+    let mut second = split.coordinator_options().await;
     // Its executing runs get this long to finish at shutdown.
     second.drain_timeout = Duration::from_millis(300);
-    let (a, b) = split.two(StubRuntime::new(), second).await;
+    let (a, b) = split.halves(StubRuntime::new(), second).await;
     let Scene {
         c,
         edge,
@@ -291,12 +268,12 @@ async fn a_coordinator_handing_over_moves_its_sessions_to_a_standby() {
     // B shuts down: it drains (b-long is aborted after its drain timeout),
     // releases its leases, and C takes its partitions.
     b.stop.cancel();
-    let end = chat_end(&mut client, "b-long").await;
+    let end = client.chat_end("b-long").await;
     assert_ne!(end["payload"]["state"], "final", "{end}");
     c.until_serving().await;
     assert_eq!(c.partitions(), [1, 3]);
     // The queued run moved with its session and ran once, on C.
-    let end = chat_end(&mut client, "b-next").await;
+    let end = client.chat_end("b-next").await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
     assert_eq!(owner_of(&split, "b-next").await, c.id());
     until_streams(&edge, 2).await;
@@ -315,7 +292,7 @@ async fn a_coordinator_handing_over_moves_its_sessions_to_a_standby() {
     // B's session is C's now; the edge was never told C's address.
     runs_on(&split, &mut client, &on_b, "b-after", &c).await;
     // A's run went on undisturbed.
-    let end = chat_end(&mut client, "a-during").await;
+    let end = client.chat_end("a-during").await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
     assert_eq!(owner_of(&split, "a-during").await, a.id());
     b.served.await.unwrap().unwrap();
@@ -326,15 +303,15 @@ async fn a_coordinator_handing_over_moves_its_sessions_to_a_standby() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_of_a_coordinator_cut_off_from_everyone_end_lost_for_clients() {
-    let split = Split::start(4).await;
+    let split = split(4).await;
     // B reaches the store, and is reached, only through proxies the test
     // can cut: to everyone else it is as good as killed.
-    let to_store = FaultProxy::start(address_of(&split.store_url)).await;
-    let mut second = split.options().await;
+    let to_store = FaultProxy::start(address_of(split.store_url())).await;
+    let mut second = split.coordinator_options().await;
     let front = FaultProxy::start(second.listener.local_addr().unwrap()).await;
     second.store_url = to_store.url();
     second.advertise = Some(front.url());
-    let (a, b) = split.two(StubRuntime::new(), second).await;
+    let (a, b) = split.halves(StubRuntime::new(), second).await;
     let Scene {
         c,
         on_a,
@@ -352,17 +329,17 @@ async fn runs_of_a_coordinator_cut_off_from_everyone_end_lost_for_clients() {
     // C takes B's partitions once B's leases lapse: the run B was executing
     // is settled `lost`, which this edge never saw happen, and reaches the
     // client as the run's end all the same.
-    let end = chat_end(&mut client, "b-lost").await;
+    let end = client.chat_end("b-lost").await;
     assert_eq!(end["payload"]["state"], "error", "{end}");
     assert_eq!(
         end["payload"]["errorDetail"]["providerRuntimeFailureKind"], "lost",
         "{end}"
     );
     // The run that had not started runs on C, once.
-    let end = chat_end(&mut client, "b-requeued").await;
+    let end = client.chat_end("b-requeued").await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
     assert_eq!(owner_of(&split, "b-requeued").await, c.id());
-    let end = chat_end(&mut client, "a-fine").await;
+    let end = client.chat_end("a-fine").await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
     // New sends to B's session are served by C.
     runs_on(&split, &mut client, &on_b, "b-after", &c).await;
@@ -374,20 +351,26 @@ async fn runs_of_a_coordinator_cut_off_from_everyone_end_lost_for_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn balanced_coordinators_behind_one_edge_follow_a_join() {
-    let split = Split::start(16).await;
-    let balanced = |mut options: common::split::MemberOptions| {
-        options.balanced = true;
+    let split = split(16).await;
+    let balanced = |mut options: CoordinatorOptions| {
+        options.ownership = Ownership::Lease(Placement::Balanced);
         options
     };
     let a = split
-        .member(StubRuntime::new(), balanced(split.options().await))
+        .start_coordinator(
+            StubRuntime::new(),
+            balanced(split.coordinator_options().await),
+        )
         .await;
     let b = split
-        .member(StubRuntime::new(), balanced(split.options().await))
+        .start_coordinator(
+            StubRuntime::new(),
+            balanced(split.coordinator_options().await),
+        )
         .await;
     split.until_spread(&[&a, &b]).await;
     // Seeded with one of them only: the other is found in the leases.
-    let (url, edge) = split.edge(split.edge_config(&a.url), 2).await;
+    let (url, edge) = edge_following(&split, &a.url, 2).await;
     assert_streams_from(&edge, &[&a, &b]);
     let mut client = Client::connect(&url, &[ADMIN]).await;
     for (n, member) in [&a, &b].into_iter().enumerate() {
@@ -418,7 +401,10 @@ async fn balanced_coordinators_behind_one_edge_follow_a_join() {
 
     // A third joins: partitions move to it by handoff, and the edge follows.
     let c = split
-        .member(StubRuntime::new(), balanced(split.options().await))
+        .start_coordinator(
+            StubRuntime::new(),
+            balanced(split.coordinator_options().await),
+        )
         .await;
     split.until_spread(&[&a, &b, &c]).await;
     until_streams(&edge, 3).await;
@@ -428,13 +414,13 @@ async fn balanced_coordinators_behind_one_edge_follow_a_join() {
     // finish or are aborted by the handoff); each queued one ran, on its
     // partition's owner before the move or after it.
     for p in 0..split.partitions {
-        let end = chat_end(&mut client, &format!("long-{p}")).await;
+        let end = client.chat_end(&format!("long-{p}")).await;
         assert!(
             matches!(end["payload"]["state"].as_str(), Some("final" | "aborted")),
             "{end}"
         );
         let queued = format!("queued-{p}");
-        let end = chat_end(&mut client, &queued).await;
+        let end = client.chat_end(&queued).await;
         assert_eq!(end["payload"]["state"], "final", "{end}");
         let ran = owner_of(&split, &queued).await;
         let held = |m: &&Member, share: &Vec<u32>| share.contains(&p) && m.id() == ran;

@@ -169,7 +169,7 @@ const SCOPE_SETS: [Option<&str>; 4] = [None, Some(READ), Some(WRITE), Some(ADMIN
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_served_method_against_every_scope() {
-    let system = System::start().await;
+    let system = system().await;
     let mut config = system.edge_config();
     // Many refusals in a row are the point here; the flood guard that
     // closes such a connection has its own test (tests/abuse.rs).
@@ -214,7 +214,7 @@ async fn every_served_method_against_every_scope() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_calls_with_bad_params_fail_validation_not_authorization() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut conn = Conn::connect(&url, &[ADMIN]).await;
     for method in [
@@ -248,7 +248,7 @@ async fn allowed_calls_with_bad_params_fail_validation_not_authorization() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_and_unserved_methods() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     // Classified by the spec but not served here, and not classified at all.
     let methods = [
@@ -288,7 +288,7 @@ async fn unknown_and_unserved_methods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_connect_is_refused_and_the_connection_stays() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     for held in SCOPE_SETS {
         let scopes: Vec<&str> = held.into_iter().collect();
@@ -316,7 +316,7 @@ async fn a_second_connect_is_refused_and_the_connection_stays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_frames_after_the_handshake_get_an_error_and_the_connection_stays() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut conn = Conn::connect(&url, &[READ]).await;
     // (frame, the id the answer must carry)
@@ -373,7 +373,7 @@ async fn invalid_frames_after_the_handshake_get_an_error_and_the_connection_stay
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unparsable_json_after_the_handshake_is_ignored() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut conn = Conn::connect(&url, &[READ]).await;
     for text in [
@@ -412,7 +412,7 @@ async fn unparsable_json_after_the_handshake_is_ignored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_all_answered() {
-    let system = System::start().await;
+    let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut conn = Conn::connect(&url, &[READ]).await;
     // Four at once, none read before all are sent; a mix of answers made in
@@ -465,5 +465,23 @@ async fn pipelined_requests_are_all_answered() {
     }
     let extra = conn.barrier().await;
     assert!(extra.is_empty(), "{extra:?}");
+    system.stop.cancel();
+}
+
+/// Who else is connected (client names, addresses, scopes) is for callers
+/// with `operator.read`: a connection without it sees the gateway only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_details_go_to_readers_only() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let _other = Client::connect(&url, &[READ]).await;
+    // Approvals alone do not include reading.
+    let approver = Client::connect(&url, &[APPROVALS]).await;
+    let presence = &approver.hello()["snapshot"]["presence"];
+    assert_eq!(presence.as_array().map(Vec::len), Some(1), "{presence}");
+    assert_eq!(presence[0]["mode"], "gateway", "{presence}");
+    let reader = Client::connect(&url, &[READ]).await;
+    let presence = &reader.hello()["snapshot"]["presence"];
+    assert!(presence.as_array().map_or(0, Vec::len) >= 3, "{presence}");
     system.stop.cancel();
 }

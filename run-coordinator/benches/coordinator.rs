@@ -10,7 +10,6 @@ use clawgate_proto::run_coordinator::v1 as pb;
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
-use tokio_util::sync::CancellationToken;
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
@@ -92,8 +91,6 @@ async fn main() {
         println!("(smoke run: the numbers mean nothing; use `cargo bench -p run-coordinator`)");
         Duration::from_millis(100)
     };
-    let stop = CancellationToken::new();
-    let dir = tempfile::tempdir().unwrap();
     // Echo with no pacing: the cost measured is the coordinator's and the store's.
     let runtime = Arc::new(EchoRuntime::new(EchoConfig {
         chunks: 4,
@@ -103,10 +100,8 @@ async fn main() {
         max_executing: 64,
         ..CoordinatorConfig::default()
     };
-    let services = clawgate_system_tests::local::spawn(dir.path(), runtime, config, stop.clone())
-        .await
-        .unwrap();
-    let address = services.coordinator_url;
+    let sandbox = clawgate_system_tests::Sandbox::start(runtime, config).await;
+    let address = sandbox.coordinator_url().to_owned();
 
     println!("| concurrency | Submit ACK p50 µs | ACK p99 µs | completed runs/s |");
     println!("|---|---|---|---|");
@@ -119,5 +114,5 @@ async fn main() {
             case.completed as f64 / case.elapsed.as_secs_f64()
         );
     }
-    stop.cancel();
+    sandbox.finish().await;
 }

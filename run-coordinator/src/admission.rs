@@ -6,18 +6,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawgate_common::clock::now_ms;
 use session_store_api::model::NewRun;
-use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::coordinator::{Inner, State};
-use crate::error::{CoordinatorError, CoordinatorResult};
-use crate::model::*;
 use crate::run::Run;
 use crate::trace;
+use run_coordinator_api::error::{CoordinatorError, CoordinatorResult};
+use run_coordinator_api::model::*;
 
 /// The digest a retry of the same intent must match.
 fn fingerprint(key: &SessionKey, spec: &RunSpec) -> String {
@@ -184,6 +184,7 @@ impl Inner {
                                 blocking: Box::new(blocking),
                             });
                         }
+                        let charge = self.queue.charge(crate::queue::spec_bytes(&req.spec))?;
                         let run = Arc::new(Run::new(
                             req.run_id.clone(),
                             req.session_key.clone(),
@@ -192,6 +193,7 @@ impl Inner {
                             now_ms(),
                             self.epoch.clone(),
                         ));
+                        run.state().queue_charge = Some(charge);
                         run.trace.admitted_in(&tracing::Span::current());
                         state.runs.insert(req.run_id.clone(), run.clone());
                         break run;

@@ -191,6 +191,14 @@ pub struct CoordinatorArgs {
     /// to another coordinator may take to finish before they are aborted.
     #[arg(long, env = "COORDINATOR_HANDOFF_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub handoff_timeout: Duration,
+    /// Most runs admitted and not yet started, all sessions together; one
+    /// more is refused QUEUE_FULL (retryable) before anything is written.
+    #[arg(long, env = "COORDINATOR_MAX_QUEUED_RUNS", default_value_t = 10_000)]
+    pub max_queued_runs: usize,
+    /// Most bytes (messages, attachments, options) those runs hold
+    /// together in memory; a run that would go over is refused QUEUE_FULL.
+    #[arg(long, env = "COORDINATOR_MAX_QUEUED_BYTES", default_value_t = 512 * 1024 * 1024)]
+    pub max_queued_bytes: usize,
     /// Balanced placement: most partitions this coordinator hands off at once.
     #[arg(long, env = "COORDINATOR_MAX_PARTITION_MOVES", default_value_t = 16)]
     pub max_partition_moves: usize,
@@ -202,6 +210,8 @@ impl CoordinatorArgs {
     pub fn config(&self) -> CoordinatorConfig {
         CoordinatorConfig {
             max_executing: self.max_executing.max(1),
+            max_queued_runs: self.max_queued_runs,
+            max_queued_bytes: self.max_queued_bytes,
             default_run_timeout: self.default_run_timeout,
             max_run_timeout: self.max_run_timeout,
             dedupe_ttl: self.dedupe_ttl,

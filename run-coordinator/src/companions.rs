@@ -6,9 +6,10 @@ use std::sync::Arc;
 use session_store_api::model::EntryMetadata;
 
 use crate::coordinator::Inner;
-use crate::events::{EventBody, LifecyclePhase};
-use crate::executor::{Held, Turn, text_entry, user_entry};
+use crate::entries::{text_entry, user_entry};
+use crate::executor::{Held, Turn};
 use crate::run::{Decision, Run};
+use run_coordinator_api::events::{EventBody, LifecyclePhase};
 
 impl Inner {
     /// Writes a companion's message into the carrier's turn: the companion
@@ -55,7 +56,7 @@ impl Inner {
             })
         };
         let Some(companion) = companion else {
-            tracing::warn!(run.id = %run.id, input = %id, "the runtime took an input it was not given");
+            clawgate_telemetry::limited!(warn, run.id = %run.id, input = %id, "the runtime took an input it was not given");
             return Ok(());
         };
         if turn.content_json() != "[]" {

@@ -43,6 +43,10 @@ pub struct CoordinatorConfig {
     pub default_wait: Duration,
     /// The longest Wait.
     pub max_wait: Duration,
+    /// Most runs admitted and not yet started (`queue.rs`).
+    pub max_queued_runs: usize,
+    /// Most bytes (messages, attachments, options) of those runs together.
+    pub max_queued_bytes: usize,
     /// How this instance comes to own the partitions it serves.
     pub ownership: OwnershipConfig,
 }
@@ -67,6 +71,8 @@ impl Default for CoordinatorConfig {
             cancel_settle: Duration::from_secs(10),
             default_wait: Duration::from_secs(30),
             max_wait: Duration::from_secs(3600),
+            max_queued_runs: 10_000,
+            max_queued_bytes: 512 * 1024 * 1024,
             ownership: OwnershipConfig::default(),
         }
     }

@@ -7,10 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::coordinator::Inner;
-use crate::error::CoordinatorResult;
-use crate::model::*;
 use crate::run::{Decision, Phase, Run};
-use crate::trace;
+use run_coordinator_api::error::CoordinatorResult;
+use run_coordinator_api::model::*;
 
 impl Inner {
     pub(crate) async fn wait(
@@ -21,7 +20,7 @@ impl Inner {
         let until = Instant::now() + timeout;
         loop {
             if let Some(run) = self.find(run_id).await? {
-                trace::link_current_to(&run);
+                run.trace.link_current();
                 if let Some(done) = run.terminal_snapshot() {
                     return Ok(WaitResult {
                         terminal: true,
@@ -99,7 +98,7 @@ impl Inner {
     }
 
     async fn cancel_one(self: &Arc<Self>, run: &Arc<Run>) -> RunSnapshot {
-        trace::link_current_to(run);
+        run.trace.link_current();
         run.admission_done().await;
         let phase = {
             let mut state = self.lock();
@@ -110,7 +109,7 @@ impl Inner {
                     lane.queued.retain(|id| *id != run.id);
                 }
                 state.waiting.retain(|id| *id != run.id);
-                run.state().phase = Phase::Finishing;
+                run.state().set_phase(Phase::Finishing);
                 run.trace.dequeued();
             }
             phase

@@ -13,9 +13,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use clawgate_common::clock::now_ms;
 use prometheus_client::registry::Registry;
 use session_store_api::model::{AcquireLeases, OwnerToken, RunRecord};
-use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -23,15 +23,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::CoordinatorConfig;
-use crate::error::{CoordinatorError, CoordinatorResult};
-use crate::events::{EventBody, EventHub, RunSubscription, StreamReset, StreamSubscription};
+use crate::events::{EventHub, RunSubscription, StreamSubscription};
 use crate::fenced_store::FencedStore;
 use crate::metrics::{CoordinatorMetrics, Load};
-use crate::model::*;
 use crate::ownership::{Ownership, OwnershipConfig, OwnershipMode};
 use crate::run::{Phase, Run};
 use crate::runtime::AgentRuntime;
-use crate::trace;
+use run_coordinator_api::error::{CoordinatorError, CoordinatorResult};
+use run_coordinator_api::events::{EventBody, StreamReset};
+use run_coordinator_api::model::*;
 
 #[derive(Default)]
 pub(crate) struct Lane {
@@ -64,6 +64,8 @@ pub(crate) struct Inner {
     pub epoch: String,
     pub hub: Arc<EventHub>,
     pub metrics: CoordinatorMetrics,
+    /// Runs admitted and not yet started, against their bound.
+    pub queue: Arc<crate::queue::QueueBudget>,
     pub(crate) state: Mutex<State>,
     /// Notified whenever a run finishes (drain waits on it).
     pub(crate) run_finished: Notify,
@@ -117,6 +119,7 @@ impl Coordinator {
         ));
         let store: Arc<dyn SessionStore> = Arc::new(FencedStore::new(store, ownership.clone()));
         let hub = Arc::new(EventHub::new(epoch.as_str().into(), config.events.clone()));
+        let queue = crate::queue::QueueBudget::new(config.max_queued_runs, config.max_queued_bytes);
         let coordinator = Self {
             inner: Arc::new(Inner {
                 store,
@@ -126,6 +129,7 @@ impl Coordinator {
                 epoch,
                 hub,
                 metrics: CoordinatorMetrics::default(),
+                queue,
                 state: Mutex::new(State::default()),
                 run_finished: Notify::new(),
                 stop_keeping: CancellationToken::new(),
@@ -217,7 +221,7 @@ impl Coordinator {
         epoch: Option<&str>,
     ) -> Result<RunSubscription, StreamReset> {
         if let Some(run) = self.inner.lock().runs.get(run_id).cloned() {
-            trace::link_current_to(&run);
+            run.trace.link_current();
         }
         self.inner.hub.subscribe_run(run_id, after_seq, epoch)
     }

@@ -14,59 +14,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::model::{RunErrorInfo, RunStatus};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LifecyclePhase {
-    Start,
-    End,
-    Error,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolPhase {
-    Start,
-    Update,
-    Result,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventBody {
-    Lifecycle {
-        phase: LifecyclePhase,
-        /// The terminal status, for End and Error.
-        status: Option<RunStatus>,
-        stop_reason: Option<String>,
-        error: Option<RunErrorInfo>,
-    },
-    Assistant {
-        /// The text so far.
-        text: String,
-        delta: String,
-    },
-    Tool {
-        phase: ToolPhase,
-        tool_call_id: String,
-        name: String,
-        data_json: String,
-        is_error: bool,
-    },
-    Status {
-        status: RunStatus,
-        queue_position: u32,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunEvent {
-    pub run_id: String,
-    pub session_key: String,
-    pub seq: u64,
-    pub stream_seq: u64,
-    pub epoch: Arc<str>,
-    pub ts_ms: i64,
-    pub body: EventBody,
-}
+use run_coordinator_api::events::{EventBody, RunEvent, StreamReset};
 
 /// `subscribe_all` from this position delivers only events from now on.
 pub const LIVE_ONLY: u64 = u64::MAX;
@@ -92,14 +40,6 @@ impl Default for HubLimits {
             max_stream_events: 100_000,
         }
     }
-}
-
-/// Why a subscription cannot be served from the requested position; the
-/// client reloads state from history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamReset {
-    pub reason: String,
-    pub epoch: Arc<str>,
 }
 
 pub struct EventHub {
@@ -423,6 +363,7 @@ async fn wait_for(notify: &Notify, ready: impl Fn() -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use run_coordinator_api::model::RunStatus;
 
     fn queued() -> EventBody {
         EventBody::Status {

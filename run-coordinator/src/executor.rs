@@ -9,21 +9,21 @@
 
 use std::sync::Arc;
 
+use clawgate_common::clock::now_ms;
 use futures::StreamExt;
 use session_store_api::StoreError;
 use session_store_api::model::{
     AcquireMode, AppendEntries, EntryMetadata, HeldFence, NewEntry, RunUpdate, StartRun,
 };
-use session_store_api::store::now_ms;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::coordinator::Inner;
-use crate::events::{EventBody, LifecyclePhase, ToolPhase};
-use crate::model::{QueueMode, RunStatus};
+use crate::entries::{current_writer, runtime_attachments, stale, text_entry, user_entry};
 use crate::run::{Decision, Run};
 use crate::runtime::{HistoryMessage, RuntimeEvent, RuntimeRequest, Usage};
-use crate::trace;
+use run_coordinator_api::events::{EventBody, LifecyclePhase, ToolPhase};
+use run_coordinator_api::model::{QueueMode, RunStatus};
 
 /// What the executor holds once it has the fence.
 pub(crate) struct Held {
@@ -112,81 +112,16 @@ impl Deltas {
 /// A deadline that never comes (what an unbounded run timeout ends at).
 const FAR_FUTURE: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
 
-/// The run no longer holds its session's writer slot (taken over, reset or
-/// deleted): nothing it writes under its fence lands.
-pub(crate) fn stale(err: &StoreError) -> bool {
-    matches!(
-        err,
-        StoreError::StaleWriter { .. } | StoreError::SessionReplaced { .. }
-    )
-}
-
-/// The run that holds the writer slot now, as a store refusal reports it.
-pub(crate) fn current_writer(err: &StoreError) -> Option<String> {
-    err.current_session()
-        .and_then(|s| s.active_writer_run_id.clone())
-}
-
-/// A run's user turn: its text, then its attachments (images as `image`
-/// parts, other files as `file` parts, each with its data).
-pub(crate) fn user_entry(spec: &crate::model::RunSpec) -> NewEntry {
-    let mut parts = Vec::new();
-    if !spec.message.is_empty() {
-        parts.push(serde_json::json!({ "type": "text", "text": spec.message }));
-    }
-    for attachment in &spec.attachments {
-        let mut part = serde_json::json!({
-            "type": if attachment.is_image() { "image" } else { "file" },
-            "mimeType": attachment.mime_type, "data": attachment.data,
-        });
-        if !attachment.file_name.is_empty() {
-            part["fileName"] = serde_json::json!(attachment.file_name);
-        }
-        parts.push(part);
-    }
-    text_entry(
-        "user",
-        serde_json::Value::Array(parts).to_string(),
-        EntryMetadata::default(),
-    )
-}
-
-/// The attachments of `runs`, decoded for the runtime (admission checked
-/// the base64).
-fn runtime_attachments<'a>(
-    runs: impl Iterator<Item = &'a crate::model::RunSpec>,
-) -> Vec<crate::runtime::Attachment> {
-    use base64::Engine as _;
-    runs.flat_map(|spec| spec.attachments.iter())
-        .map(|a| crate::runtime::Attachment {
-            mime_type: a.mime_type.clone(),
-            file_name: a.file_name.clone(),
-            data: base64::engine::general_purpose::STANDARD
-                .decode(&a.data)
-                .unwrap_or_default(),
-        })
-        .collect()
-}
-
-pub(crate) fn text_entry(role: &str, content_json: String, metadata: EntryMetadata) -> NewEntry {
-    NewEntry {
-        role: role.into(),
-        content_json,
-        timestamp_ms: None,
-        metadata,
-    }
-}
-
 impl Inner {
     pub(crate) async fn execute(self: Arc<Self>, run: Arc<Run>) {
-        let span = trace::execute_span(&run);
+        let span = run.trace.execute_span(&run.id, run.key.as_str());
         async {
             let last = self.drive(&run).await;
             self.finish_with(&run, last).await;
         }
         .instrument(span)
         .await;
-        trace::execution_done(&run);
+        run.trace.execution_done();
     }
 
     /// Runs the turn. Returns the run's last write if it took the fence.
@@ -271,7 +206,7 @@ impl Inner {
         state.record_version = record.version;
         state.started_at_ms = record.started_at_ms;
         drop(state);
-        trace::status_event(run, RunStatus::Running);
+        run.trace.status_event(RunStatus::Running);
         Ok(())
     }
 
@@ -328,8 +263,7 @@ impl Inner {
             Err(err) => return Err(store_failure(err)),
         };
         let acquired = &started.acquired;
-        trace::record_fence(
-            run,
+        run.trace.record_fence(
             &acquired.session.session_id.to_string(),
             acquired.fence_token,
         );
@@ -341,7 +275,7 @@ impl Inner {
             state.session_id = Some(acquired.session.session_id.to_string());
             state.fence_token = Some(acquired.fence_token);
         }
-        trace::status_event(run, RunStatus::Running);
+        run.trace.status_event(RunStatus::Running);
         let held = Held {
             session_id: acquired.session.session_id,
             fence: acquired.fence_token,

@@ -16,10 +16,9 @@ use std::sync::Arc;
 use session_store_api::SessionKey;
 
 use crate::coordinator::{Inner, State};
-use crate::events::EventBody;
-use crate::model::*;
 use crate::run::{Companion, Decision, Phase, Run};
-use crate::trace;
+use run_coordinator_api::events::EventBody;
+use run_coordinator_api::model::*;
 
 impl Inner {
     /// Puts an admitted run in its lane as queued and says so in its event
@@ -27,7 +26,7 @@ impl Inner {
     pub(crate) fn enqueue_queued(&self, state: &mut State, run: &Arc<Run>) {
         run.state().phase = Phase::Queued;
         if run.spec.queue_mode == QueueMode::Steer && self.steer(state, run) {
-            trace::status_event(run, RunStatus::Queued);
+            run.trace.status_event(RunStatus::Queued);
             self.emit(
                 run,
                 EventBody::Status {
@@ -40,7 +39,7 @@ impl Inner {
         self.enqueue(state, run);
         let queue_position = Self::queue_position(state, run);
         run.trace.queue(&run.id, queue_position);
-        trace::status_event(run, RunStatus::Queued);
+        run.trace.status_event(RunStatus::Queued);
         self.emit(
             run,
             EventBody::Status {
@@ -133,7 +132,7 @@ impl Inner {
                 state.waiting.remove(index);
                 state.executing += 1;
                 let mut run_state = run.state();
-                run_state.phase = Phase::Running;
+                run_state.set_phase(Phase::Running);
                 run_state.holds_slot = true;
                 drop(run_state);
                 run.trace.dequeued();
@@ -164,7 +163,7 @@ impl Inner {
             state.waiting.retain(|id| *id != next.id);
             {
                 let mut next_state = next.state();
-                next_state.phase = Phase::Running;
+                next_state.set_phase(Phase::Running);
                 next_state.carried_by = Some(carrier.id.clone());
             }
             carrier.state().companions.push(Companion {

@@ -35,6 +35,10 @@ impl Inner {
 
     /// The lease loop: standby until partitions are granted, then leader
     /// until the tenure ends or `stop` fires (a handover).
+    ///
+    /// The fence deadline races everything the loop waits for, the store
+    /// calls of a round included: a renewal hanging on a silent link must
+    /// not carry the leader past the moment its leases may expire.
     pub(crate) async fn keep_leases(self: Arc<Self>) {
         let interval = self.config.ownership.renew_interval;
         let lost = self.ownership.lost();
@@ -42,61 +46,71 @@ impl Inner {
         let mut deadline: Option<Instant> = None;
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let balanced = self.config.ownership.balanced();
         let mut round = 0u64;
         loop {
-            let fence_at = deadline;
             tokio::select! {
-                _ = tick.tick() => {}
+                biased;
+                () = sleep_until_some(deadline) => return self.fence_expired(),
                 () = lost.cancelled() => return,
                 () = stop.cancelled() => return,
-                () = sleep_until_some(fence_at) => {
-                    self.fence_expired();
-                    return;
-                }
+                _ = tick.tick() => {}
             }
             let sent = Instant::now();
-            if balanced {
-                match self.balance(round, interval).await {
-                    Round::Renewed if self.ownership.holds_any() => {
-                        deadline = Some(self.fence_deadline(sent));
-                    }
-                    Round::Renewed => deadline = None,
-                    Round::NotRenewed => {}
-                    Round::Lost => return,
-                }
-                if round == 1 {
-                    // Joined, and asked for its first share.
-                    self.ownership.joined();
-                }
-                round += 1;
-                continue;
-            }
-            if !self.ownership.holds_any() {
-                if self.try_take(interval).await {
+            let step = tokio::select! {
+                biased;
+                () = sleep_until_some(deadline) => return self.fence_expired(),
+                step = self.lease_round(round, interval) => step,
+            };
+            round += 1;
+            match step {
+                Round::Renewed if self.ownership.holds_any() => {
                     deadline = Some(self.fence_deadline(sent));
                 }
-                continue;
+                Round::Renewed => deadline = None,
+                Round::NotRenewed => {}
+                Round::Lost => return,
             }
-            match tokio::time::timeout(interval, self.renew()).await {
-                Ok(Ok(grant)) if grant.refused.is_empty() => {
-                    deadline = Some(self.fence_deadline(sent));
-                }
-                Ok(Ok(grant)) => {
-                    let lease = &grant.refused[0];
-                    self.ownership.set_leader_hint(Some(lease.address.clone()));
-                    self.ownership.lose(format!(
-                        "the lease of partition {} was refused on renewal (now held by {} at epoch {})",
-                        lease.partition,
-                        lease.owner.as_deref().unwrap_or("nobody"),
-                        lease.epoch
-                    ));
-                    return;
-                }
-                Ok(Err(err)) => {
-                    tracing::warn!(error = %err, "lease renewal failed; retrying");
-                }
-                Err(_) => tracing::warn!("lease renewal timed out; retrying"),
+        }
+    }
+
+    /// One round of the lease loop: balanced placement's, a standby's
+    /// attempt to take, or the leader's renewal. `Renewed` means that what
+    /// is held now was granted or renewed on a request sent this round.
+    async fn lease_round(self: &Arc<Self>, round: u64, interval: Duration) -> Round {
+        if self.config.ownership.balanced() {
+            let step = self.balance(round, interval).await;
+            if round == 1 {
+                // Joined, and asked for its first share.
+                self.ownership.joined();
+            }
+            return step;
+        }
+        if !self.ownership.holds_any() {
+            return match self.try_take(interval).await {
+                true => Round::Renewed,
+                false => Round::NotRenewed,
+            };
+        }
+        match tokio::time::timeout(interval, self.renew()).await {
+            Ok(Ok(grant)) if grant.refused.is_empty() => Round::Renewed,
+            Ok(Ok(grant)) => {
+                let lease = &grant.refused[0];
+                self.ownership.set_leader_hint(Some(lease.address.clone()));
+                self.ownership.lose(format!(
+                    "the lease of partition {} was refused on renewal (now held by {} at epoch {})",
+                    lease.partition,
+                    lease.owner.as_deref().unwrap_or("nobody"),
+                    lease.epoch
+                ));
+                Round::Lost
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "lease renewal failed; retrying");
+                Round::NotRenewed
+            }
+            Err(_) => {
+                tracing::warn!("lease renewal timed out; retrying");
+                Round::NotRenewed
             }
         }
     }
@@ -175,19 +189,21 @@ impl Inner {
 
 impl Coordinator {
     /// After the tenure ended unplanned: asks the store what became of the
-    /// partitions held then, until it answers or `patience` passes (a
+    /// partitions held then, until it answers or `until` passes (a
     /// coordinator cut off from the store hears back once the link is
     /// healed). Leases still held are released at once, so that the next
     /// owner need not wait for them to expire; those another member took
     /// are refused (STALE_OWNER, which the store counts). Balanced
-    /// placement also leaves the member registry. Returns the verdict, for
-    /// the exit message.
-    pub async fn settle_loss(&self, patience: Duration) -> String {
+    /// placement also leaves the member registry. Every call is bounded by
+    /// the renew interval and by `until`. Returns the verdict, for the exit
+    /// message.
+    pub async fn settle_loss(&self, until: Instant) -> String {
         let inner = &self.inner;
         let tokens = inner.ownership.lost_tokens();
         let member = inner.ownership.member().to_owned();
-        let until = Instant::now() + patience;
         let interval = inner.config.ownership.renew_interval;
+        // One call's time: the renew interval, cut at `until`.
+        let bounded = || interval.min(until.saturating_duration_since(Instant::now()));
         let ask = RenewLeases {
             member: member.clone(),
             tokens: tokens.clone(),
@@ -195,10 +211,10 @@ impl Coordinator {
         };
         let mut verdict = match tokens.is_empty() {
             true => "it held no partition".to_owned(),
-            false => format!("the store did not answer within {patience:?}"),
+            false => "the store did not answer in time".to_owned(),
         };
         while !tokens.is_empty() && Instant::now() < until {
-            match tokio::time::timeout(interval, inner.store.renew_leases(ask.clone())).await {
+            match tokio::time::timeout(bounded(), inner.store.renew_leases(ask.clone())).await {
                 Ok(Ok(grant)) => {
                     let still: Vec<_> = grant.granted.iter().filter_map(|l| l.token()).collect();
                     verdict = match grant.refused.first() {
@@ -215,18 +231,16 @@ impl Coordinator {
                     };
                     tracing::warn!(%verdict, "the store's verdict on the partitions this coordinator held");
                     if !still.is_empty() {
-                        let _ =
-                            tokio::time::timeout(interval, inner.store.release_leases(still)).await;
+                        let _ = tokio::time::timeout(bounded(), inner.store.release_leases(still))
+                            .await;
                     }
                     break;
                 }
-                Ok(Err(_)) | Err(_) => {
-                    tokio::time::sleep(interval.min(until - Instant::now())).await
-                }
+                Ok(Err(_)) | Err(_) => tokio::time::sleep(bounded()).await,
             }
         }
         if inner.config.ownership.balanced() {
-            let _ = tokio::time::timeout(interval, inner.store.leave_member(&member)).await;
+            let _ = tokio::time::timeout(bounded(), inner.store.leave_member(&member)).await;
         }
         verdict
     }
@@ -247,11 +261,16 @@ impl Coordinator {
             return;
         }
         let count = tokens.len();
-        match inner.store.release_leases(tokens).await {
-            Ok(released) => {
+        // Past the TTL the leases have expired anyway: no longer to wait.
+        let ttl = inner.config.ownership.lease_ttl;
+        match tokio::time::timeout(ttl, inner.store.release_leases(tokens)).await {
+            Ok(Ok(released)) => {
                 tracing::info!(released = released.len(), of = count, "released the leases")
             }
-            Err(err) => tracing::warn!(error = %err, "releasing the leases failed; they expire"),
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "releasing the leases failed; they expire")
+            }
+            Err(_) => tracing::warn!("releasing the leases did not answer in time; they expire"),
         }
         inner.ownership.release_all();
     }

@@ -13,8 +13,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::error::CoordinatorResult;
-use crate::model::{Admission, RunStatus, Submitted};
+use run_coordinator_api::error::CoordinatorResult;
+use run_coordinator_api::model::{Admission, RunStatus, Submitted};
 
 type AdmissionLabels = [(&'static str, &'static str); 2];
 type StatusLabels = [(&'static str, &'static str); 1];

@@ -20,7 +20,7 @@ use session_store_api::{SessionKey, StoreError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{CoordinatorError, CoordinatorResult};
+use run_coordinator_api::error::{CoordinatorError, CoordinatorResult};
 
 /// How this coordinator comes to own partitions (`--ownership`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

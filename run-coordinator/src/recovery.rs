@@ -19,9 +19,9 @@ use session_store_api::SessionKey;
 use session_store_api::model::{AcquireMode, AcquireWriter, ExpectedSession, RunRecord, RunUpdate};
 
 use crate::coordinator::{Inner, spec_of};
-use crate::error::CoordinatorResult;
-use crate::model::{Outcome, RunErrorInfo, RunStatus};
 use crate::run::{Phase, Run};
+use run_coordinator_api::error::CoordinatorResult;
+use run_coordinator_api::model::{Outcome, RunErrorInfo, RunStatus};
 
 impl Inner {
     /// Settles the unfinished runs of the held partitions (`only`: of these

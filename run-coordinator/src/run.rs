@@ -14,8 +14,8 @@ use session_store_api::model::RunRecord;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{Outcome, RunErrorInfo, RunSnapshot, RunSpec, RunStatus};
 use crate::trace::RunTrace;
+use run_coordinator_api::model::{Outcome, RunErrorInfo, RunSnapshot, RunSpec, RunStatus};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -102,6 +102,19 @@ pub struct RunState {
     pub companions: Vec<Companion>,
     /// The run this one's message went into, while it is a companion.
     pub carried_by: Option<String>,
+    /// Its place in the queue's bound while it has not started
+    /// (`queue.rs`); given back as it leaves the queue.
+    pub queue_charge: Option<crate::queue::QueueCharge>,
+}
+
+impl RunState {
+    /// Moves to `phase`; a run that starts or is decided leaves the queue.
+    pub fn set_phase(&mut self, phase: Phase) {
+        self.phase = phase;
+        if !matches!(phase, Phase::Admitting | Phase::Queued) {
+            self.queue_charge = None;
+        }
+    }
 }
 
 /// A run whose message another run carries.
@@ -172,6 +185,7 @@ impl Run {
                 holds_slot: false,
                 companions: Vec::new(),
                 carried_by: None,
+                queue_charge: None,
             }),
             terminal: watch::channel(None).0,
             admitted: watch::channel(false).0,
@@ -202,7 +216,7 @@ impl Run {
             state.fence_token = record.fence_token;
             state.record_version = record.version;
             if record.status.is_terminal() {
-                state.phase = Phase::Terminal;
+                state.set_phase(Phase::Terminal);
             }
         }
         run.mark_admitted();

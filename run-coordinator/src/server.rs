@@ -10,6 +10,7 @@ use clawgate_proto::run_coordinator::v1::run_coordinator_server::RunCoordinatorS
 use clawgate_telemetry::metrics::spawn_metrics_server;
 use session_store_api::grpc::client::RemoteStore;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic::transport::Server;
@@ -18,9 +19,11 @@ use tonic::transport::server::TcpIncoming;
 use crate::cli::ServeArgs;
 use crate::coordinator::Coordinator;
 use crate::grpc::service::RunCoordinatorService;
+use crate::stop::{LossDeadlines, PLANNED_STOP_GRACE};
 
 /// Starts a coordinator against the session store at `args.store_address`
-/// and serves it until `shutdown`.
+/// and serves it until `shutdown`: the standalone binary's entry, so a
+/// lost tenure also starts the watchdog that ends the process.
 pub async fn serve(
     args: ServeArgs,
     listener: TcpListener,
@@ -44,6 +47,7 @@ pub async fn serve(
         grpc_max_message_bytes: args.grpc_max_message_bytes,
         metrics_listener: Some(metrics_listener),
         service_tokens: args.service_token.clone(),
+        loss_watchdog: true,
     };
     serve_coordinator(coordinator, options, listener, shutdown).await
 }
@@ -59,6 +63,10 @@ pub struct ServeOptions {
     pub metrics_listener: Option<TcpListener>,
     /// Calls without one of these are refused; none, every call is served.
     pub service_tokens: Option<clawgate_telemetry::ServiceTokens>,
+    /// After a lost tenure, end the process if the stop has not ended it
+    /// by its deadline (`stop.rs`): for a process whose end is the remedy
+    /// (the coordinator's binary, the all-in-one), never for a test.
+    pub loss_watchdog: bool,
 }
 
 impl Default for ServeOptions {
@@ -68,6 +76,7 @@ impl Default for ServeOptions {
             grpc_max_message_bytes: clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES,
             metrics_listener: None,
             service_tokens: None,
+            loss_watchdog: false,
         }
     }
 }
@@ -102,18 +111,14 @@ pub fn check_transport(args: &ServeArgs) -> anyhow::Result<()> {
 /// aborted), the leases are released, open subscriptions and waits end, and
 /// the server stops. When the tenure ends (another coordinator took the
 /// partitions) it stops the same way, at once, and returns an error saying
-/// why: the process exits non-zero.
+/// why: the process exits non-zero. Either stop has a deadline
+/// (`stop.rs`): calls still open past it are left behind.
 pub async fn serve_coordinator(
     coordinator: Coordinator,
     options: ServeOptions,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let drain_timeout = options.drain_timeout;
-    // How long a coordinator that lost its tenure keeps asking the store
-    // for its verdict before it exits.
-    let settle_patience = 2 * coordinator.inner.config.ownership.lease_ttl;
-    let loss_verdict = Arc::new(std::sync::Mutex::new(None::<String>));
     let _metrics_server = options.metrics_listener.map(|listener| {
         let mut registry = clawgate_telemetry::metrics::service_registry();
         coordinator.register_metrics(&mut registry);
@@ -140,7 +145,19 @@ pub async fn serve_coordinator(
     .context("building the reflection service")?;
     let address = listener.local_addr()?;
     tracing::info!(%address, epoch = coordinator.epoch(), "run coordinator serving gRPC");
-    Server::builder()
+    let stop = Stop {
+        coordinator,
+        health,
+        follow_health,
+        stopping,
+        drain_timeout: options.drain_timeout,
+        watchdog: options.loss_watchdog,
+        deadline: Arc::new(tokio::sync::watch::Sender::new(None)),
+        verdict: Arc::new(std::sync::Mutex::new(None)),
+    };
+    let mut deadline = stop.deadline.subscribe();
+    let verdict = stop.verdict.clone();
+    let server = Server::builder()
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .layer(clawgate_telemetry::ServiceAuthLayer::new(
             options.service_tokens.clone(),
@@ -149,42 +166,92 @@ pub async fn serve_coordinator(
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), {
-            let ownership = ownership.clone();
-            let loss_verdict = loss_verdict.clone();
-            async move {
-                let lost = ownership.lost();
-                let planned = tokio::select! {
-                    () = shutdown => true,
-                    () = lost.cancelled() => false,
-                };
-                follow_health.abort();
-                health
-                    .set_not_serving::<RunCoordinatorServer<RunCoordinatorService>>()
-                    .await;
-                if planned {
-                    tracing::info!("run coordinator draining");
-                    coordinator.hand_over(drain_timeout).await;
-                } else {
-                    // Nothing this instance still writes can land:
-                    // abort at once; the new owner settles the runs.
-                    coordinator.drain(Duration::ZERO).await;
-                    let verdict = coordinator.settle_loss(settle_patience).await;
-                    *loss_verdict.lock().unwrap() = Some(verdict);
-                }
-                stopping.cancel();
-            }
-        })
-        .await
-        .context("gRPC server")?;
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop.run(shutdown),
+        );
+    // The server returns once every open call ended; one that does not end
+    // by the stop's deadline is left behind.
+    let overdue = async {
+        let Ok(at) = deadline.wait_for(Option::is_some).await.map(|at| *at) else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(at.expect("waited for a deadline")).await;
+    };
+    tokio::select! {
+        served = server => served.context("gRPC server")?,
+        () = overdue => tracing::warn!("open calls outlived the stop's deadline; stopping without them"),
+    }
     match ownership.lost_reason() {
-        Some(reason) => match loss_verdict.lock().unwrap().take() {
+        Some(reason) => match verdict.lock().unwrap().take() {
             Some(verdict) => anyhow::bail!(
                 "STALE_OWNER: this coordinator stopped: {reason}; the store's verdict: {verdict}"
             ),
             None => anyhow::bail!("STALE_OWNER: this coordinator stopped: {reason}"),
         },
         None => Ok(()),
+    }
+}
+
+/// What the server's shutdown future needs: the stop, planned or after a
+/// loss, with its deadline published for the server's caller.
+struct Stop {
+    coordinator: Coordinator,
+    health: tonic_health::server::HealthReporter,
+    follow_health: tokio::task::JoinHandle<()>,
+    /// Ends open subscriptions and waits.
+    stopping: CancellationToken,
+    drain_timeout: Duration,
+    watchdog: bool,
+    /// When the stop must be over, once it began.
+    deadline: Arc<tokio::sync::watch::Sender<Option<Instant>>>,
+    /// The store's verdict after a loss, for the exit message.
+    verdict: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Stop {
+    /// Waits for `shutdown` or the end of the tenure, then stops.
+    async fn run(self, shutdown: impl Future<Output = ()>) {
+        let ownership = self.coordinator.ownership().clone();
+        let lost = ownership.lost();
+        let planned = tokio::select! {
+            () = shutdown => true,
+            () = lost.cancelled() => false,
+        };
+        let began = Instant::now();
+        self.follow_health.abort();
+        if planned {
+            self.deadline
+                .send_replace(Some(began + self.drain_timeout + PLANNED_STOP_GRACE));
+            self.set_not_serving().await;
+            tracing::info!("run coordinator draining");
+            self.coordinator.hand_over(self.drain_timeout).await;
+        } else {
+            let ttl = self.coordinator.inner.config.ownership.lease_ttl;
+            let deadlines = LossDeadlines::new(began, ttl);
+            self.deadline.send_replace(Some(deadlines.calls));
+            if self.watchdog {
+                let reason = ownership.lost_reason().unwrap_or_default();
+                deadlines.start_watchdog(reason);
+            }
+            self.set_not_serving().await;
+            // Nothing this instance still writes can land: abort at once;
+            // the new owner settles the runs.
+            let aborted =
+                tokio::time::timeout_at(deadlines.abort, self.coordinator.drain(Duration::ZERO));
+            if aborted.await.is_err() {
+                tracing::warn!("executing runs did not settle in time after the loss");
+            }
+            let verdict = self.coordinator.settle_loss(deadlines.verdict).await;
+            *self.verdict.lock().unwrap() = Some(verdict);
+        }
+        self.stopping.cancel();
+    }
+
+    async fn set_not_serving(&self) {
+        self.health
+            .set_not_serving::<RunCoordinatorServer<RunCoordinatorService>>()
+            .await;
     }
 }
 

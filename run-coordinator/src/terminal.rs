@@ -4,17 +4,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawgate_common::clock::now_ms;
 use session_store_api::model::{FinishRun, RunUpdate};
-use session_store_api::store::now_ms;
 use session_store_api::{SessionStore, StoreError};
 use tokio::time::Instant;
 
 use crate::coordinator::{Inner, spec_of};
-use crate::events::{EventBody, LifecyclePhase};
-use crate::executor::{LastWrite, current_writer, stale};
-use crate::model::*;
+use crate::entries::{current_writer, stale};
+use crate::executor::LastWrite;
 use crate::run::{Decision, Phase, Run};
-use crate::trace;
+use run_coordinator_api::events::{EventBody, LifecyclePhase};
+use run_coordinator_api::model::*;
 
 impl Inner {
     /// The one terminal path: persist the decision (the record first, so a
@@ -30,7 +30,7 @@ impl Inner {
         let decision = run
             .decided()
             .unwrap_or_else(|| Decision::failed("internal", "the run ended without a decision"));
-        run.state().phase = Phase::Finishing;
+        run.state().set_phase(Phase::Finishing);
         settle(run, &decision);
         if !self.persist_terminal(run, last).await {
             self.give_up(run);
@@ -42,7 +42,7 @@ impl Inner {
             (state.status, state.outcome.clone())
         };
         let outcome_text = outcome.text.clone();
-        trace::status_event(run, status);
+        run.trace.status_event(status);
         self.metrics.run_finished(status);
         let phase = if status == RunStatus::Error || status == RunStatus::Lost {
             LifecyclePhase::Error
@@ -59,7 +59,7 @@ impl Inner {
             },
         );
         self.hub.close(&run.id);
-        run.state().phase = Phase::Terminal;
+        run.state().set_phase(Phase::Terminal);
         let snapshot = self.snapshot(run);
         run.publish_terminal(snapshot);
         // The runs it carried: those whose message it took end with it; a
@@ -104,7 +104,7 @@ impl Inner {
     /// the run's end. Its lane and cap slot are freed; its event log goes
     /// (subscribers end without an end event) and waiters read the record.
     fn give_up(self: &Arc<Self>, run: &Arc<Run>) {
-        tracing::warn!(run.id = %run.id, "the run's partition moved before its end was recorded; its next owner settles it");
+        clawgate_telemetry::limited!(warn, run.id = %run.id, "the run's partition moved before its end was recorded; its next owner settles it");
         run.inputs.close();
         let companions = std::mem::take(&mut run.state().companions);
         let to_start = {
@@ -159,14 +159,22 @@ impl Inner {
                     return true;
                 }
                 Err(StoreError::RunTerminal { current }) => {
-                    let adopted = Run::from_record(&current, spec_of(&current), run.epoch.clone());
-                    let adopted = adopted.state();
-                    let mut state = run.state();
-                    state.status = adopted.status;
-                    state.outcome = adopted.outcome.clone();
-                    state.ended_at_ms = adopted.ended_at_ms;
-                    state.record_version = adopted.record_version;
+                    adopt_terminal(run, &current);
                     return true;
+                }
+                Err(StoreError::RunVersionConflict { current, .. }) => {
+                    if current.status.is_terminal() {
+                        adopt_terminal(run, &current);
+                        return true;
+                    }
+                    // A write of this instance's whose answer was lost (a
+                    // cut connection, a timeout) landed after all: go on
+                    // from the version it made. Another owner's version is
+                    // that owner's to end.
+                    if current.owner != self.epoch {
+                        return false;
+                    }
+                    run.state().record_version = current.version;
                 }
                 // The tenure is over: the partition's new owner settles the
                 // run (recovery marks it lost), so there is nothing to retry.
@@ -175,7 +183,7 @@ impl Inner {
                 // an end nobody can read back must not reach anyone.
                 Err(_) if !self.ownership.holds(partition) => return false,
                 Err(err) => {
-                    tracing::warn!(run.id = %run.id, attempt, error = %err, "persisting the terminal state failed; retrying");
+                    clawgate_telemetry::limited!(warn, run.id = %run.id, attempt, error = %err, "persisting the terminal state failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
@@ -212,6 +220,18 @@ impl Inner {
             owner_token: update.owner_token,
         }
     }
+}
+
+/// Takes the terminal the store already holds (recovery elsewhere decided
+/// first): terminal is final in the store too.
+fn adopt_terminal(run: &Run, current: &session_store_api::model::RunRecord) {
+    let adopted = Run::from_record(current, spec_of(current), run.epoch.clone());
+    let adopted = adopted.state();
+    let mut state = run.state();
+    state.status = adopted.status;
+    state.outcome = adopted.outcome.clone();
+    state.ended_at_ms = adopted.ended_at_ms;
+    state.record_version = adopted.record_version;
 }
 
 /// The decision as the run's state shows it, from now until it is terminal.

@@ -19,8 +19,7 @@ use clawgate_telemetry::propagation;
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::model::RunStatus;
-use crate::run::Run;
+use run_coordinator_api::model::RunStatus;
 
 #[derive(Default)]
 pub struct RunTrace {
@@ -69,33 +68,33 @@ pub fn record_admission(admit: &Span, outcome: &str) {
 /// A state transition, as an event on the run's execution span when there
 /// is one (else on the current span). Its target is under `otel`: in the
 /// trace, not three log lines per run.
-pub fn status_event(run: &Run, status: RunStatus) {
-    let execution = run.trace.execution.lock().unwrap().clone();
-    // Recorded once: a field recorded twice becomes two attributes.
-    if let Some(span) = &execution
-        && status.is_terminal()
-    {
-        span.record("run.status", status.as_str());
-    }
-    let span = execution.unwrap_or_else(Span::current);
-    tracing::event!(
-        target: "otel::run",
-        parent: &span,
-        tracing::Level::INFO,
-        { run.status = status.as_str() },
-        "run {}",
-        status.as_str()
-    );
-}
-
-/// Links the current span (a cancel, a wait, a resume) to the run it acts on.
-pub fn link_current_to(run: &Run) {
-    if let Some(anchor) = run.trace.anchor.lock().unwrap().clone() {
-        Span::current().add_link(anchor);
-    }
-}
-
 impl RunTrace {
+    pub fn status_event(&self, status: RunStatus) {
+        let execution = self.execution.lock().unwrap().clone();
+        // Recorded once: a field recorded twice becomes two attributes.
+        if let Some(span) = &execution
+            && status.is_terminal()
+        {
+            span.record("run.status", status.as_str());
+        }
+        let span = execution.unwrap_or_else(Span::current);
+        tracing::event!(
+            target: "otel::run",
+            parent: &span,
+            tracing::Level::INFO,
+            { run.status = status.as_str() },
+            "run {}",
+            status.as_str()
+        );
+    }
+
+    /// Links the current span (a cancel, a wait, a resume) to this run.
+    pub fn link_current(&self) {
+        if let Some(anchor) = self.anchor.lock().unwrap().clone() {
+            Span::current().add_link(anchor);
+        }
+    }
+
     /// Called inside `run.admit`: execution will continue this context.
     pub fn admitted_in(&self, span: &Span) {
         *self.parent.lock().unwrap() = Some(span.context());
@@ -122,54 +121,52 @@ impl RunTrace {
             *new.superseded.lock().unwrap() = Some(anchor);
         }
     }
-}
 
-/// The execution span of `run`: continues its admission (a recovered run
-/// starts a trace of its own) and links to the run it superseded.
-pub fn execute_span(run: &Run) -> Span {
-    let span = tracing::info_span!(
-        parent: None,
-        "run.execute",
-        run.id = run.id.as_str(),
-        session.key = run.key.as_str(),
-        session.id = Empty,
-        fence.token = Empty,
-        run.status = Empty,
-    );
-    if !span.is_disabled() {
-        let parent = run.trace.parent.lock().unwrap().clone().unwrap_or_else(|| {
-            propagation::with_baggage(
-                &Context::new(),
-                [
-                    ("run.id", run.id.as_str()),
-                    ("session.key", run.key.as_str()),
-                ],
-            )
-        });
-        let _ = span.set_parent(parent);
-        if let Some(old) = run.trace.superseded.lock().unwrap().clone() {
-            span.add_link(old);
+    /// The execution span of run `run_id` (of session `session_key`): continues
+    /// its admission (a recovered run starts a trace of its own) and links to
+    /// the run it superseded.
+    pub fn execute_span(&self, run_id: &str, session_key: &str) -> Span {
+        let span = tracing::info_span!(
+            parent: None,
+            "run.execute",
+            run.id = run_id,
+            session.key = session_key,
+            session.id = Empty,
+            fence.token = Empty,
+            run.status = Empty,
+        );
+        if !span.is_disabled() {
+            let parent = self.parent.lock().unwrap().clone().unwrap_or_else(|| {
+                propagation::with_baggage(
+                    &Context::new(),
+                    [("run.id", run_id), ("session.key", session_key)],
+                )
+            });
+            let _ = span.set_parent(parent);
+            if let Some(old) = self.superseded.lock().unwrap().clone() {
+                span.add_link(old);
+            }
+            if let Some(anchor) = span_context(&span) {
+                *self.anchor.lock().unwrap() = Some(anchor);
+            }
         }
-        if let Some(anchor) = span_context(&span) {
-            *run.trace.anchor.lock().unwrap() = Some(anchor);
-        }
+        self.dequeued();
+        *self.execution.lock().unwrap() = Some(span.clone());
+        span
     }
-    run.trace.dequeued();
-    *run.trace.execution.lock().unwrap() = Some(span.clone());
-    span
-}
 
-/// The run's execution is over: its span may close.
-pub fn execution_done(run: &Run) {
-    run.trace.execution.lock().unwrap().take();
-}
+    /// The run's execution is over: its span may close.
+    pub fn execution_done(&self) {
+        self.execution.lock().unwrap().take();
+    }
 
-/// The writer fence the run took, on the current span (its acquisition)
-/// and on its execution span.
-pub fn record_fence(run: &Run, session_id: &str, fence_token: u64) {
-    let execution = run.trace.execution.lock().unwrap().clone();
-    for span in [Some(Span::current()), execution].into_iter().flatten() {
-        span.record("session.id", session_id);
-        span.record("fence.token", fence_token);
+    /// The writer fence the run took, on the current span (its acquisition)
+    /// and on its execution span.
+    pub fn record_fence(&self, session_id: &str, fence_token: u64) {
+        let execution = self.execution.lock().unwrap().clone();
+        for span in [Some(Span::current()), execution].into_iter().flatten() {
+            span.record("session.id", session_id);
+            span.record("fence.token", fence_token);
+        }
     }
 }

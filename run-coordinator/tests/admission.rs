@@ -14,8 +14,8 @@ use tonic::transport::Channel;
 
 async fn same_key_during_a_run_is_in_flight(backend: Backend) {
     let runtime = Recording::echo(40, 4);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     let first = submit(&mut client, submit_req("key-a", "main", "hello there")).await;
     assert_eq!(first.admission, pb::Admission::Accepted as i32);
     assert!(first.accepted_at_ms > 0);
@@ -42,7 +42,7 @@ async fn same_key_during_a_run_is_in_flight(backend: Backend) {
         .await
         .unwrap_err();
     assert_eq!(reused.code(), tonic::Code::AlreadyExists);
-    let detail = run_coordinator::grpc::status::detail_of(&reused).unwrap();
+    let detail = run_coordinator_api::grpc::status::detail_of(&reused).unwrap();
     assert_eq!(detail.code, pb::ErrorCode::KeyReused as i32);
     assert_eq!(runtime.count("key-a"), 1);
     assert_eq!(transcript(&cluster, "main").await.len(), 2);
@@ -65,8 +65,8 @@ async fn seed_a_same_key_twice_postgres() {
 /// coordinator admitted them, and leave user/assistant pairs, run by run.
 async fn one_session_runs_one_at_a_time_in_arrival_order(backend: Backend) {
     let runtime = Recording::echo(5, 3);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     // The first run executes long enough (two pieces 600 ms apart) for
     // the other nine to be admitted behind it.
     let first = pb::SubmitRequest {
@@ -153,8 +153,8 @@ async fn the_global_cap_bounds_executing_runs(backend: Backend) {
         max_executing: 2,
         ..CoordinatorConfig::default()
     };
-    let cluster = Cluster::start_on(backend, runtime.clone(), config).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), config).await;
+    let mut client = cluster.client();
     for i in 0..6 {
         submit(
             &mut client,
@@ -190,8 +190,8 @@ async fn the_global_cap_bounds_executing_runs_postgres() {
 
 async fn queue_position_and_reject_mode(backend: Backend) {
     let runtime = Recording::echo(30, 4);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     submit(&mut client, submit_req("q-1", "busy", "first")).await;
     let second = submit(&mut client, submit_req("q-2", "busy", "second")).await;
     let third = submit(&mut client, submit_req("q-3", "busy", "third")).await;
@@ -203,7 +203,7 @@ async fn queue_position_and_reject_mode(backend: Backend) {
     reject.queue_mode = pb::QueueMode::Reject as i32;
     let busy = client.submit(reject).await.unwrap_err();
     assert_eq!(busy.code(), tonic::Code::FailedPrecondition);
-    let detail = run_coordinator::grpc::status::detail_of(&busy).unwrap();
+    let detail = run_coordinator_api::grpc::status::detail_of(&busy).unwrap();
     assert_eq!(detail.code, pb::ErrorCode::SessionBusy as i32);
     // Nothing was admitted for the rejected key.
     let got = client
@@ -239,8 +239,8 @@ async fn queue_position_and_reject_mode_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_submits_are_invalid_argument() {
-    let cluster = Cluster::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     let mut cases = vec![
         ("empty run id", submit_req("", "main", "hi"), "runId"),
         ("empty message", submit_req("k1", "main", "  "), "message"),
@@ -307,7 +307,7 @@ async fn answers<T>(what: &str, call: impl std::future::Future<Output = T>) -> T
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submits_cancelled_during_admission_leave_no_half_admitted_key() {
     let runtime = Recording::echo(1, 1);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Sandbox::start(runtime.clone(), CoordinatorConfig::default()).await;
     // Deadlines from 0 to 5 ms, 250 µs apart: they expire before, during and
     // after the store's CreateRun.
     let deadlines = (0..=20u64).map(|n| Duration::from_micros(n * 250));
@@ -323,7 +323,7 @@ async fn submits_cancelled_during_admission_leave_no_half_admitted_key() {
         // A connection per call: a burst of streams reset on one HTTP/2
         // connection makes the server close it (rapid-reset protection), and
         // what is tested here is each call's own cancellation.
-        let client = connect(&cluster.coordinator_url).await;
+        let client = connect(cluster.coordinator_url()).await;
         calls.push((
             run_id,
             session,
@@ -347,7 +347,7 @@ async fn submits_cancelled_during_admission_leave_no_half_admitted_key() {
         }
     }
 
-    let mut client = connect(&cluster.coordinator_url).await;
+    let mut client = connect(cluster.coordinator_url()).await;
     for (run_id, session) in &keys {
         // Every key is unknown or admitted: a retry answers, and what it
         // answers runs to its end.
@@ -398,7 +398,7 @@ async fn attachments_are_admitted_within_their_limits() {
         max_attachments: 1,
         ..Default::default()
     };
-    let mut cluster = Cluster::start(Recording::echo(1, 4), config).await;
+    let cluster = Sandbox::start(Recording::echo(1, 4), config).await;
     let file = |mime: &str, data: &[u8]| clawgate_proto::agent_runtime::v1::Attachment {
         mime_type: mime.into(),
         file_name: "f".into(),
@@ -410,7 +410,7 @@ async fn attachments_are_admitted_within_their_limits() {
     };
     // An attachment alone is a message.
     let done = submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         with("a-1", vec![file("image/png", b"1234")]),
     )
     .await;
@@ -419,7 +419,7 @@ async fn attachments_are_admitted_within_their_limits() {
         clawgate_proto::run_coordinator::v1::Admission::Accepted as i32
     );
     assert_eq!(
-        status(&finished(&mut cluster.client, "a-1").await),
+        status(&finished(&mut cluster.client(), "a-1").await),
         session_store::model::RunStatus::Ok
     );
     for (id, files, why) in [
@@ -436,7 +436,7 @@ async fn attachments_are_admitted_within_their_limits() {
         ("a-4", vec![file("png", b"1")], "type/subtype"),
         ("a-5", vec![], "must not be empty"),
     ] {
-        let refused = cluster.client.submit(with(id, files)).await.unwrap_err();
+        let refused = cluster.client().submit(with(id, files)).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{id}");
         assert!(
             refused.message().contains(why),

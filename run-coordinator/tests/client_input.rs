@@ -74,8 +74,8 @@ fn assert_refused(items: &[pb::subscribe_response::Item], from_seq: u64, last_se
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_position_past_the_last_event_is_refused_and_the_coordinator_goes_on() {
-    let cluster = Cluster::start(Recording::echo(1, 2), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(Recording::echo(1, 2), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     submit(&mut client, submit_req("known", "main", "hello there")).await;
     let last = finished(&mut client, "known").await.last_seq;
     assert!(last > 0);
@@ -145,8 +145,8 @@ async fn a_position_past_the_last_event_is_refused_and_the_coordinator_goes_on()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_about_a_run_with_a_long_answer_stays_small() {
-    let cluster = Cluster::start(Recording::echo(1, 2), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(Recording::echo(1, 2), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     let long = "a long question ".repeat(4096);
     submit(&mut client, submit_req("long", "main", &long)).await;
     finished(&mut client, "long").await;
@@ -157,7 +157,7 @@ async fn a_refusal_about_a_run_with_a_long_answer_stays_small() {
         .await
         .expect_err("the key is taken");
     assert_eq!(refused.code(), tonic::Code::AlreadyExists, "{refused:?}");
-    let detail = run_coordinator::grpc::status::detail_of(&refused).expect("a detail");
+    let detail = run_coordinator_api::grpc::status::detail_of(&refused).expect("a detail");
     assert_eq!(detail.code, pb::ErrorCode::KeyReused as i32);
     let run = detail.run.expect("the existing run");
     assert_eq!(run.run_id, "long");
@@ -188,8 +188,8 @@ async fn any_run_timeout_the_configuration_allows_is_served() {
         max_run_timeout: Duration::MAX,
         ..CoordinatorConfig::default()
     };
-    let cluster = Cluster::start(Recording::echo(1, 2), config).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(Recording::echo(1, 2), config).await;
+    let mut client = cluster.client();
     for (run_id, timeout_ms) in [("i64-max", i64::MAX as u64), ("u64-max", u64::MAX)] {
         let mut req = submit_req(run_id, run_id, "hello there");
         req.timeout_ms = timeout_ms;

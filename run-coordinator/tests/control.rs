@@ -17,14 +17,14 @@ fn with_options(mut req: pb::SubmitRequest, options: serde_json::Value) -> pb::S
 }
 
 /// Waits until the run has streamed some assistant text.
-async fn until_text(cluster: &Cluster, run_id: &str) -> pb::RunSnapshot {
+async fn until_text(cluster: &Sandbox, run_id: &str) -> pb::RunSnapshot {
     until_snapshot(cluster, run_id, "never streamed", |s| !s.text.is_empty()).await
 }
 
 async fn interrupt_supersedes_the_active_run(backend: Backend) {
     let runtime = Recording::echo(30, 10);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     // The old run ignores cancellation: its runtime keeps emitting.
     let old = with_options(
         submit_req("old", "main", "a long answer that keeps going"),
@@ -69,7 +69,7 @@ async fn seed_c_interrupt_supersedes_the_active_run_postgres() {
 }
 
 /// A session's transcript as "run:role" entries.
-async fn turns(cluster: &Cluster, session: &str) -> Vec<String> {
+async fn turns(cluster: &Sandbox, session: &str) -> Vec<String> {
     transcript(cluster, session)
         .await
         .into_iter()
@@ -85,8 +85,8 @@ async fn turns(cluster: &Cluster, session: &str) -> Vec<String> {
 async fn a_stale_append_of_the_running_run_ends_it_superseded(backend: Backend) {
     use session_store::model::{AcquireMode, AcquireWriter, ExpectedSession};
     let runtime = Recording::echo(30, 10);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     let old = submit_req("old", "main", "a long answer that keeps going");
     submit(&mut client, old).await;
     let running = until_text(&cluster, "old").await;
@@ -132,17 +132,17 @@ async fn seed_c_a_stale_append_of_the_running_run_ends_it_superseded_postgres() 
 
 async fn a_dropped_client_does_not_cancel_the_run(backend: Backend) {
     let runtime = Recording::echo(20, 5);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     {
         // Its own connection, dropped right after the ACK.
-        let mut submitter = connect(&cluster.coordinator_url).await;
+        let mut submitter = connect(cluster.coordinator_url()).await;
         submit(
             &mut submitter,
             submit_req("detached", "main", "finish without me"),
         )
         .await;
     }
-    let mut observer = connect(&cluster.coordinator_url).await;
+    let mut observer = connect(cluster.coordinator_url()).await;
     let done = finished(&mut observer, "detached").await;
     assert_eq!(status(&done), RunStatus::Ok);
     assert_eq!(done.text, "finish without me");
@@ -157,7 +157,7 @@ async fn a_dropped_client_does_not_cancel_the_run(backend: Backend) {
     {
         let run_id = format!("dropped-{n}");
         let session = format!("dropped-session-{n}");
-        let mut submitter = connect(&cluster.coordinator_url).await;
+        let mut submitter = connect(cluster.coordinator_url()).await;
         let request = submit_req(&run_id, &session, "finish without me");
         tokio::select! {
             _ = submitter.submit(request) => {}
@@ -196,8 +196,8 @@ async fn seed_d_a_dropped_client_does_not_cancel_the_run_postgres() {
 
 async fn cancel_queued_and_running_runs(backend: Backend) {
     let runtime = Recording::echo(30, 20);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     let running = with_options(
         submit_req(
             "running",
@@ -225,12 +225,16 @@ async fn cancel_queued_and_running_runs(backend: Backend) {
     let record = cluster.store.get_run("running").await.unwrap().unwrap();
     assert_eq!(record.status, RunStatus::Aborted);
     assert_eq!(runtime.count("queued"), 0, "the queued run never executed");
-    eventually("the running run's runtime stopped being read", || {
-        runtime
-            .executions()
-            .iter()
-            .any(|e| e.run_id == "running" && e.ended.is_some())
-    })
+    wait_until(
+        "the running run's runtime stopped being read",
+        DEADLINE,
+        || {
+            runtime
+                .executions()
+                .iter()
+                .any(|e| e.run_id == "running" && e.ended.is_some())
+        },
+    )
     .await;
     assert_eq!(
         status(&finished(&mut client, "running").await),
@@ -259,8 +263,8 @@ async fn cancel_queued_and_running_runs_postgres() {
 
 async fn cancel_by_session_aborts_every_unfinished_run(backend: Backend) {
     let runtime = Recording::echo(30, 20);
-    let cluster = Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     for id in ["s-1", "s-2", "s-3"] {
         submit(&mut client, submit_req(id, "abort-me", "a b c d e f g h")).await;
     }
@@ -292,8 +296,8 @@ async fn cancel_by_session_aborts_every_unfinished_run_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_observes_and_many_waiters_resolve() {
     let runtime = Recording::echo(40, 5);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     submit(
         &mut client,
         submit_req("observed", "main", "take your time"),
@@ -310,7 +314,7 @@ async fn wait_observes_and_many_waiters_resolve() {
 
     let waiters: Vec<_> = (0..100)
         .map(|_| {
-            let mut client = cluster.client.clone();
+            let mut client = cluster.client();
             tokio::spawn(async move { wait(&mut client, "observed", 60_000).await })
         })
         .collect();
@@ -375,8 +379,8 @@ async fn replay_from_a_seq_mid_run_has_no_gap_and_no_duplicate() {
         delta_interval: Duration::from_millis(1),
         ..CoordinatorConfig::default()
     };
-    let cluster = Cluster::start(runtime.clone(), config).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(runtime.clone(), config).await;
+    let mut client = cluster.client();
     submit(
         &mut client,
         with_options(
@@ -438,15 +442,15 @@ async fn replay_from_a_seq_mid_run_has_no_gap_and_no_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_timeout_is_terminal_timeout() {
     let runtime = Recording::echo(50, 50);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     let mut req = submit_req("slow", "main", "this will not finish in time at all");
     req.timeout_ms = 120;
     submit(&mut client, req).await;
     let done = finished(&mut client, "slow").await;
     assert_eq!(status(&done), RunStatus::Timeout);
     assert_eq!(done.error.unwrap().kind, "timeout");
-    eventually("the runtime was cancelled", || {
+    wait_until("the runtime was cancelled", DEADLINE, || {
         runtime
             .executions()
             .iter()
@@ -459,15 +463,15 @@ async fn a_run_timeout_is_terminal_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_stops_admission_and_lets_running_runs_finish() {
     let runtime = Recording::echo(20, 5);
-    let cluster = Cluster::start(runtime.clone(), CoordinatorConfig::default()).await;
-    let mut client = cluster.client.clone();
+    let cluster = Sandbox::start(runtime.clone(), CoordinatorConfig::default()).await;
+    let mut client = cluster.client();
     submit(
         &mut client,
         submit_req("before", "main", "finishes during the drain"),
     )
     .await;
     until_text(&cluster, "before").await;
-    let coordinator = cluster.coordinator.clone();
+    let coordinator = cluster.coordinator().clone();
     let drained = tokio::spawn(async move { coordinator.drain(Duration::from_secs(30)).await });
     // Admission closes as soon as the drain task has started.
     let mut attempt = 0;
@@ -479,7 +483,7 @@ async fn draining_stops_admission_and_lets_running_runs_finish() {
         }
     };
     assert_eq!(refused.code(), tonic::Code::Unavailable);
-    let detail = run_coordinator::grpc::status::detail_of(&refused).unwrap();
+    let detail = run_coordinator_api::grpc::status::detail_of(&refused).unwrap();
     assert_eq!(detail.code, pb::ErrorCode::Draining as i32);
     drained.await.unwrap();
     let done = finished(&mut client, "before").await;
@@ -493,8 +497,8 @@ async fn draining_stops_admission_and_lets_running_runs_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_reflection_are_served() {
-    let cluster = Cluster::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
-    let channel = tonic::transport::Endpoint::from_shared(cluster.coordinator_url.clone())
+    let cluster = Sandbox::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
+    let channel = tonic::transport::Endpoint::from_shared(cluster.coordinator_url().to_owned())
         .unwrap()
         .connect()
         .await
@@ -515,7 +519,7 @@ async fn health_and_reflection_are_served() {
     // Both reflection versions list exactly what this server serves (not
     // the store or the runtime, whose descriptors share the set).
     clawgate_system_tests::reflection::assert_lists_exactly(
-        &cluster.coordinator_url,
+        cluster.coordinator_url(),
         &["clawgate.run_coordinator.v1.RunCoordinator"],
     )
     .await;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use run_coordinator::config::CoordinatorConfig;
-use run_coordinator::model::{Admission, CancelTarget, RunStatus};
+use run_coordinator_api::model::{Admission, CancelTarget, RunStatus};
 
 fn config(ttl: Duration, capacity: usize) -> CoordinatorConfig {
     CoordinatorConfig {
@@ -29,7 +29,10 @@ fn config(ttl: Duration, capacity: usize) -> CoordinatorConfig {
 
 /// `Get`s `run_id` and returns the snapshot and how many records the store
 /// read for it (0: the run was in memory; 1: it had left the table).
-async fn get_counting(local: &Local, run_id: &str) -> (run_coordinator::model::RunSnapshot, u64) {
+async fn get_counting(
+    local: &Local,
+    run_id: &str,
+) -> (run_coordinator_api::model::RunSnapshot, u64) {
     let before = local.served("get_run");
     let snapshot = local
         .get(run_id)

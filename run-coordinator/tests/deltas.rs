@@ -13,11 +13,11 @@ use async_trait::async_trait;
 use common::*;
 use futures::StreamExt;
 use run_coordinator::config::CoordinatorConfig;
-use run_coordinator::events::{EventBody, LifecyclePhase, ToolPhase};
-use run_coordinator::model::RunStatus;
 use run_coordinator::runtime::{
     AgentRuntime, RuntimeError, RuntimeEvent, RuntimeRequest, RuntimeStream,
 };
+use run_coordinator_api::events::{EventBody, LifecyclePhase, ToolPhase};
+use run_coordinator_api::model::RunStatus;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

@@ -40,10 +40,10 @@ fn served(registry: &Registry, operation: &str) -> u64 {
 
 async fn three_commits_per_run(backend: Backend) {
     let runtime = Recording::echo(1, 3);
-    let cluster = Cluster::start_on(backend, runtime, CoordinatorConfig::default()).await;
+    let cluster = Sandbox::start_on(backend, runtime, CoordinatorConfig::default()).await;
     let mut registry = Registry::default();
     cluster.store_metrics.register(&mut registry);
-    let mut client = cluster.client.clone();
+    let mut client = cluster.client();
     let before: Vec<u64> = WRITES.iter().map(|op| served(&registry, op)).collect();
 
     // Two sessions, and a second turn on one of them (it has history).

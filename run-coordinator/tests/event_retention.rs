@@ -18,9 +18,9 @@ use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorC
 use clawgate_system_tests::process::{Process, service_command};
 use common::*;
 use run_coordinator::config::CoordinatorConfig;
-use run_coordinator::events::{EventBody, HubLimits, LIVE_ONLY, RunEvent};
-use run_coordinator::model::RunStatus;
-use tokio_util::sync::CancellationToken;
+use run_coordinator::events::{HubLimits, LIVE_ONLY};
+use run_coordinator_api::events::{EventBody, RunEvent};
+use run_coordinator_api::model::RunStatus;
 use tonic::transport::Channel;
 
 fn limits(change: impl FnOnce(&mut HubLimits)) -> CoordinatorConfig {
@@ -215,22 +215,18 @@ async fn the_all_runs_stream_keeps_its_newest_events() {
 }
 
 /// The real binary with `env` set, over a store of its own in this process
-/// (in `dir`); its client.
-async fn binary_with(
-    env: &[(&str, &str)],
-    stop: &CancellationToken,
-    dir: &tempfile::TempDir,
-) -> (Process, RunCoordinatorClient<Channel>) {
-    let (store, _) = open_store(Backend::Embedded, dir).await;
-    let store_url = serve_store_on_port0(store, stop.clone()).await;
+/// (a sandbox without a coordinator); its client, and the sandbox, which
+/// serves the store as long as it lives.
+async fn binary_with(env: &[(&str, &str)]) -> (Process, RunCoordinatorClient<Channel>, Sandbox) {
+    let store = Sandbox::builder().coordinators(0).start().await;
     let mut command = service_command(env!("CARGO_BIN_EXE_run-coordinator"));
     command
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        .args(["--store-address", &store_url])
+        .args(["--store-address", store.store_url()])
         .envs(env.iter().copied());
     let process = Process::start(command, "run-coordinator", "run coordinator serving gRPC").await;
     let client = connect(&process.url()).await;
-    (process, client)
+    (process, client, store)
 }
 
 /// Subscribes as a client would; the events until the stream ends, or the
@@ -273,19 +269,13 @@ fn seqs(events: Result<Vec<pb::RunEvent>, String>) -> Result<Vec<u64>, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_takes_its_event_bounds_from_the_environment() {
-    let stop = CancellationToken::new();
-    let dir = tempfile::tempdir().unwrap();
-    let (mut process, mut client) = binary_with(
-        &[
-            ("COORDINATOR_DELTA_INTERVAL", "1ms"),
-            ("COORDINATOR_ECHO_PACE", "5ms"),
-            ("COORDINATOR_MAX_EVENTS_PER_RUN", "4"),
-            ("COORDINATOR_MAX_RETAINED_RUNS", "1"),
-            ("COORDINATOR_MAX_STREAM_EVENTS", "3"),
-        ],
-        &stop,
-        &dir,
-    )
+    let (mut process, mut client, _store) = binary_with(&[
+        ("COORDINATOR_DELTA_INTERVAL", "1ms"),
+        ("COORDINATOR_ECHO_PACE", "5ms"),
+        ("COORDINATOR_MAX_EVENTS_PER_RUN", "4"),
+        ("COORDINATOR_MAX_RETAINED_RUNS", "1"),
+        ("COORDINATOR_MAX_STREAM_EVENTS", "3"),
+    ])
     .await;
     let six = |id: &str| pb::SubmitRequest {
         options_json: r#"{"chunks":6}"#.into(),
@@ -325,24 +315,21 @@ async fn the_binary_takes_its_event_bounds_from_the_environment() {
 
     // A retention of a second: the finished run's log goes (when, the
     // clock says; the test only waits for it, with a deadline).
-    let dir = tempfile::tempdir().unwrap();
-    let (mut process, mut client) =
-        binary_with(&[("COORDINATOR_EVENT_RETENTION", "1s")], &stop, &dir).await;
+    let (mut process, mut client, _store) =
+        binary_with(&[("COORDINATOR_EVENT_RETENTION", "1s")]).await;
     submit(&mut client, submit_req("brief", "main", "hello")).await;
     let last = finished(&mut client, "brief").await.last_seq;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let reset = loop {
+    let what = "the log of a run that ended to go after a 1 s retention";
+    let reset = wait_for(what, DEADLINE, async || {
         match seqs(subscribe(&mut client, run("brief"), 0, usize::MAX).await) {
-            Err(reset) => break reset,
-            Ok(seqs) => assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "whole until it goes"),
+            Err(reset) => Some(reset),
+            Ok(seqs) => {
+                assert_eq!(seqs, (1..=last).collect::<Vec<_>>(), "whole until it goes");
+                None
+            }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the log of a run that ended outlived a 1 s retention"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert!(reset.contains("expired"), "{reset}");
     process.kill().await;
-    stop.cancel();
 }

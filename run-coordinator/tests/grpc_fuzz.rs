@@ -167,19 +167,16 @@ fn coordinator_seeds(epoch: &str) -> Seeds {
 
 /// Waits (Wait is capped short here) until the run is terminal.
 async fn until_done(client: &mut RunCoordinatorClient<Channel>, run_id: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !wait(client, run_id, 50).await.terminal {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{run_id} never finished"
-        );
-    }
+    wait_for(format!("{run_id} to finish"), DEADLINE, async || {
+        wait(client, run_id, 50).await.terminal
+    })
+    .await;
 }
 
 fn fuzz_coordinator(runtime: &tokio::runtime::Runtime) -> Report {
     let (cluster, channel) = runtime.block_on(async {
-        let cluster = Cluster::start(Recording::echo(1, 2), config()).await;
-        let mut client = cluster.client.clone();
+        let cluster = Sandbox::start(Recording::echo(1, 2), config()).await;
+        let mut client = cluster.client();
         // A finished run with a long message and answer (an error about it
         // carries its snapshot), and one that runs for the whole test.
         submit(
@@ -191,14 +188,14 @@ fn fuzz_coordinator(runtime: &tokio::runtime::Runtime) -> Report {
         let mut live = submit_req("fuzz-live", "fuzz-live", "slow words for a long time");
         live.options_json = r#"{"paceMs": 500, "chunks": 1000}"#.into();
         submit(&mut client, live).await;
-        let channel = tonic::transport::Endpoint::from_shared(cluster.coordinator_url.clone())
+        let channel = tonic::transport::Endpoint::from_shared(cluster.coordinator_url().to_owned())
             .unwrap()
             .connect()
             .await
             .unwrap();
         (cluster, channel)
     });
-    let epoch = cluster.coordinator.epoch().to_owned();
+    let epoch = cluster.coordinator().epoch().to_owned();
     let report = Fuzz {
         runtime,
         channel,

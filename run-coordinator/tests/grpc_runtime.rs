@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use clawgate_proto::agent_runtime::v1 as pb;
 use clawgate_proto::agent_runtime::v1::agent_runtime_client::AgentRuntimeClient;
 use clawgate_proto::agent_runtime::v1::agent_runtime_server::{self, AgentRuntimeServer};
+use clawgate_system_tests::wait::wait_until;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
@@ -20,7 +21,6 @@ use run_coordinator::runtime::{
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
@@ -85,14 +85,6 @@ fn request(run_id: &str, message: &str, options: serde_json::Value) -> RuntimeRe
 }
 
 /// Waits (with a deadline) until `check` holds.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PROMPTLY;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 async fn next(stream: &mut RuntimeStream) -> Option<Result<RuntimeEvent, RuntimeError>> {
     tokio::time::timeout(PROMPTLY, stream.next())
         .await
@@ -289,7 +281,7 @@ async fn cancelling_ends_the_stream_and_reaches_the_runtime() {
     cancel.cancel();
     // The server keeps sending until it notices; the stream ends at once.
     assert!(next(&mut stream).await.is_none());
-    eventually("the runtime to observe cancellation", || {
+    wait_until("the runtime to observe cancellation", PROMPTLY, || {
         runtime.saw_cancel.load(Ordering::SeqCst)
     })
     .await;
@@ -311,9 +303,11 @@ async fn dropping_the_stream_cancels_the_runtime() {
     assert!(matches!(next(&mut stream).await, Some(Ok(_))));
     // No token, no Cancel call: only the reset of the HTTP/2 stream.
     drop(stream);
-    eventually("the runtime to observe the client leaving", || {
-        runtime.saw_cancel.load(Ordering::SeqCst)
-    })
+    wait_until(
+        "the runtime to observe the client leaving",
+        PROMPTLY,
+        || runtime.saw_cancel.load(Ordering::SeqCst),
+    )
     .await;
 }
 
@@ -612,7 +606,7 @@ async fn the_cancel_rpc_stops_a_running_execution() {
         .await
         .unwrap();
     assert!(cancelled.into_inner().cancelled);
-    eventually("the runtime to observe cancellation", || {
+    wait_until("the runtime to observe cancellation", PROMPTLY, || {
         runtime.saw_cancel.load(Ordering::SeqCst)
     })
     .await;
@@ -719,7 +713,7 @@ async fn cancelling_calls_cancel_and_ignores_a_server_that_keeps_sending() {
     cancel.cancel();
     assert!(next(&mut stream).await.is_none());
     assert!(next(&mut stream).await.is_none());
-    eventually("the Cancel call", || {
+    wait_until("the Cancel call", PROMPTLY, || {
         service.cancels.lock().unwrap().as_slice() == ["run-n"]
     })
     .await;
@@ -742,7 +736,7 @@ async fn cancel_is_called_even_when_the_stream_is_dropped_at_once() {
     // The coordinator may stop reading without polling the stream again.
     cancel.cancel();
     drop(stream);
-    eventually("the Cancel call", || {
+    wait_until("the Cancel call", PROMPTLY, || {
         service.cancels.lock().unwrap().as_slice() == ["run-o"]
     })
     .await;
@@ -772,7 +766,7 @@ async fn the_request_timeout_bounds_the_whole_call() {
     assert!(error.retryable);
     assert!(events[..events.len() - 1].iter().all(Result::is_ok));
     // The runtime is told to stop.
-    eventually("the Cancel call", || {
+    wait_until("the Cancel call", PROMPTLY, || {
         service.cancels.lock().unwrap().as_slice() == ["run-p"]
     })
     .await;

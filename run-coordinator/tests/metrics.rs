@@ -29,10 +29,10 @@ async fn admissions_lanes_and_terminals_are_counted() {
         max_executing: 1,
         ..CoordinatorConfig::default()
     };
-    let cluster = Cluster::start(runtime, config).await;
+    let cluster = Sandbox::start(runtime, config).await;
     let mut registry = Registry::default();
-    cluster.coordinator.register_metrics(&mut registry);
-    let mut client = cluster.client.clone();
+    cluster.coordinator().register_metrics(&mut registry);
+    let mut client = cluster.client();
     assert_eq!(admissions(&registry, "accepted", "new"), 0.0);
 
     for (run, session) in [("m-1", "one"), ("m-2", "two")] {
@@ -64,11 +64,15 @@ async fn admissions_lanes_and_terminals_are_counted() {
             &format!("{{status=\"{status}\"}}"),
         )
     };
-    eventually("both runs counted as aborted and the lanes empty", || {
-        ended("aborted") == 2.0
-            && value(&registry, "runs_executing", "") == 0.0
-            && value(&registry, "runs_queued", "") == 0.0
-    })
+    wait_until(
+        "both runs counted as aborted and the lanes empty",
+        DEADLINE,
+        || {
+            ended("aborted") == 2.0
+                && value(&registry, "runs_executing", "") == 0.0
+                && value(&registry, "runs_queued", "") == 0.0
+        },
+    )
     .await;
     assert_eq!(ended("ok"), 0.0);
     cluster.finish().await;

@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::post;
+use clawgate_system_tests::wait::wait_until;
 use futures::{Stream, StreamExt};
 use run_coordinator::runtime::openai::*;
 use run_coordinator::runtime::*;
@@ -267,17 +268,6 @@ fn only_error(events: &[Result<RuntimeEvent, RuntimeError>]) -> &RuntimeError {
 }
 
 /// Polls `check` until it holds or the deadline passes.
-async fn eventually(what: &str, check: impl Fn() -> bool) {
-    let give_up = tokio::time::Instant::now() + DEADLINE;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 // ----------------------------------------------------------------- tests
 
 #[tokio::test]
@@ -627,7 +617,7 @@ async fn cancelling_stops_the_stream_and_closes_the_connection() {
         .await
         .expect("the stream did not end after the cancel");
     assert_eq!(next, None);
-    eventually("the server sees the connection closed", || {
+    wait_until("the server sees the connection closed", DEADLINE, || {
         closed.load(Ordering::SeqCst)
     })
     .await;
@@ -650,7 +640,7 @@ async fn dropping_the_stream_closes_the_connection() {
     let first = tokio::time::timeout(DEADLINE, stream.next()).await.unwrap();
     assert!(matches!(first, Some(Ok(RuntimeEvent::AssistantDelta(_)))));
     drop(stream);
-    eventually("the server sees the connection closed", || {
+    wait_until("the server sees the connection closed", DEADLINE, || {
         closed.load(Ordering::SeqCst)
     })
     .await;
@@ -680,7 +670,10 @@ async fn cancelling_aborts_a_backoff() {
         .execute(request("hi", Vec::new(), json!({})), cancel.clone())
         .await
         .unwrap();
-    eventually("the first request arrives", || server.seen().len() == 1).await;
+    wait_until("the first request arrives", DEADLINE, || {
+        server.seen().len() == 1
+    })
+    .await;
     cancel.cancel();
     let next = tokio::time::timeout(DEADLINE, stream.next())
         .await
@@ -928,7 +921,7 @@ async fn a_server_that_never_answers_times_out_after_retries() {
     let error = only_error(&events);
     assert_eq!(error.kind, ErrorKind::Timeout);
     assert!(error.retryable);
-    eventually("both attempts connected", || {
+    wait_until("both attempts connected", DEADLINE, || {
         accepted.load(Ordering::SeqCst) == 2
     })
     .await;

@@ -8,12 +8,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Recording, eventually, request};
+use common::{DEADLINE, Recording, request, wait_for, wait_until};
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::coordinator::Coordinator;
-use run_coordinator::error::CoordinatorError;
-use run_coordinator::model::RunStatus;
 use run_coordinator::ownership::{OwnershipConfig, OwnershipMode};
+use run_coordinator_api::error::CoordinatorError;
+use run_coordinator_api::model::RunStatus;
 use session_store::SessionStore;
 use session_store::backend::memory::MemoryStore;
 
@@ -46,7 +46,7 @@ async fn a_second_static_coordinator_ends_the_first_ones_tenure() {
     .await
     .unwrap();
     first.submit(request("r1", "main")).await.unwrap();
-    eventually("r1 ran", || runtime.count("r1") == 1).await;
+    wait_until("r1 ran", DEADLINE, || runtime.count("r1") == 1).await;
 
     let second = Coordinator::start(
         store.clone(),
@@ -81,7 +81,10 @@ async fn a_second_static_coordinator_ends_the_first_ones_tenure() {
         "nothing of r2 was written"
     );
     second.submit(request("r2", "main")).await.unwrap();
-    eventually("r2 ran on the second", || runtime.count("r2") == 1).await;
+    wait_until("r2 ran on the second", DEADLINE, || {
+        runtime.count("r2") == 1
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,7 +100,10 @@ async fn a_planned_handover_moves_queued_runs_to_the_standby() {
     )
     .await
     .unwrap();
-    eventually("the leader serves", || leader.ownership().is_serving()).await;
+    wait_until("the leader serves", DEADLINE, || {
+        leader.ownership().is_serving()
+    })
+    .await;
     let standby = Coordinator::start(
         store.clone(),
         runtime.clone(),
@@ -107,7 +113,7 @@ async fn a_planned_handover_moves_queued_runs_to_the_standby() {
     .unwrap();
     // The standby admits nothing and names the leader (once its first
     // attempt to take over has seen the leader's lease).
-    eventually("the standby knows the leader", || {
+    wait_until("the standby knows the leader", DEADLINE, || {
         matches!(
             standby.ownership().not_serving(),
             CoordinatorError::NotOwner { leader: Some(ref l), .. } if l == "http://leader"
@@ -123,20 +129,19 @@ async fn a_planned_handover_moves_queued_runs_to_the_standby() {
     for id in ["q1", "q2", "q3"] {
         leader.submit(request(id, "lane")).await.unwrap();
     }
-    eventually("q1 runs", || runtime.count("q1") == 1).await;
+    wait_until("q1 runs", DEADLINE, || runtime.count("q1") == 1).await;
     // SIGTERM: drain (q1 finishes), release; q2 and q3 move to the standby.
     leader.hand_over(Duration::from_secs(30)).await;
     assert_eq!(status(&*store, "q1").await, Some(RunStatus::Ok));
-    eventually("the standby serves", || standby.ownership().is_serving()).await;
+    wait_until("the standby serves", DEADLINE, || {
+        standby.ownership().is_serving()
+    })
+    .await;
     for id in ["q2", "q3"] {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while status(&*store, id).await != Some(RunStatus::Ok) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{id} never finished"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_for(format!("{id} to finish"), DEADLINE, async || {
+            status(&*store, id).await == Some(RunStatus::Ok)
+        })
+        .await;
     }
     let executions = runtime.executions();
     let order: Vec<&str> = executions.iter().map(|e| e.run_id.as_str()).collect();
@@ -170,16 +175,12 @@ async fn a_takeover_settles_an_interrupt_before_the_older_queued_run_starts() {
     first.submit(request("older-queued", "main")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     let mut interrupt = request("interrupt", "main");
-    interrupt.spec.queue_mode = run_coordinator::model::QueueMode::Interrupt;
+    interrupt.spec.queue_mode = run_coordinator_api::model::QueueMode::Interrupt;
     first.submit(interrupt).await.unwrap();
-    let until = tokio::time::Instant::now() + Duration::from_secs(30);
-    while status(&*store, "interrupt").await != Some(RunStatus::Running) {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the interrupt never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("the interrupt to run", DEADLINE, async || {
+        status(&*store, "interrupt").await == Some(RunStatus::Running)
+    })
+    .await;
     assert_eq!(
         status(&*store, "older-queued").await,
         Some(RunStatus::Queued)
@@ -193,15 +194,15 @@ async fn a_takeover_settles_an_interrupt_before_the_older_queued_run_starts() {
     )
     .await
     .unwrap();
-    let until = tokio::time::Instant::now() + Duration::from_secs(30);
-    while status(&*store, "older-queued").await != Some(RunStatus::Ok) {
+    let what = "the older queued run to run after the takeover";
+    wait_for(what, DEADLINE, async || {
         let now = store.get_run("older-queued").await.unwrap();
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the older queued run did not run after the takeover: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        match &now {
+            Some(run) if run.status == RunStatus::Ok => Ok(()),
+            _ => Err(format!("{now:?}")),
+        }
+    })
+    .await;
     assert_eq!(status(&*store, "interrupt").await, Some(RunStatus::Lost));
     assert_eq!(fast.count("older-queued"), 1);
 }

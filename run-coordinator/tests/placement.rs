@@ -10,11 +10,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Recording, counts, eventually, request};
+use common::{DEADLINE, Recording, counts, request, wait_for, wait_until};
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::coordinator::Coordinator;
-use run_coordinator::model::{RunStatus, SubmitRequest};
 use run_coordinator::ownership::{OwnershipConfig, OwnershipMode, Placement};
+use run_coordinator_api::model::{RunStatus, SubmitRequest};
 use session_store::SessionStore;
 use session_store::backend::memory::MemoryStore;
 
@@ -59,20 +59,16 @@ async fn status(store: &dyn SessionStore, run_id: &str) -> Option<RunStatus> {
 
 /// Submits to whichever coordinator serves the session's partition now.
 async fn submit(coordinators: &[&Coordinator], req: SubmitRequest) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("a coordinator to admit {}", req.run_id);
+    wait_for(what, DEADLINE, async || {
         for coordinator in coordinators {
             if coordinator.submit(req.clone()).await.is_ok() {
-                return;
+                return true;
             }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nobody admitted {}",
-            req.run_id
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        false
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +78,7 @@ async fn a_joiner_takes_its_share_by_handoff_and_a_leaver_gives_it_back() {
     let first = Coordinator::start(store.clone(), first_runtime.clone(), config())
         .await
         .unwrap();
-    eventually("the first member holds every partition", || {
+    wait_until("the first member holds every partition", DEADLINE, || {
         held(&first).len() == PARTITIONS as usize && first.ownership().is_serving()
     })
     .await;
@@ -98,7 +94,7 @@ async fn a_joiner_takes_its_share_by_handoff_and_a_leaver_gives_it_back() {
     let second = Coordinator::start(store.clone(), second_runtime.clone(), config())
         .await
         .unwrap();
-    eventually("the partitions are split between the two", || {
+    wait_until("the partitions are split between the two", DEADLINE, || {
         split_exactly(&[&first, &second]) && !held(&second).is_empty() && !held(&first).is_empty()
     })
     .await;
@@ -110,20 +106,15 @@ async fn a_joiner_takes_its_share_by_handoff_and_a_leaver_gives_it_back() {
         .flat_map(|i| (0..3).map(move |turn| format!("r{i}-{turn}")))
         .collect();
     for run_id in &all {
-        let store = store.clone();
-        let mut done = false;
-        for _ in 0..3000 {
-            if status(store.as_ref(), run_id).await == Some(RunStatus::Ok) {
-                done = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(
-            done,
-            "{run_id} did not end ok: {:?}",
-            status(store.as_ref(), run_id).await
-        );
+        wait_for(
+            format!("{run_id} to end ok"),
+            DEADLINE,
+            async || match status(store.as_ref(), run_id).await {
+                Some(RunStatus::Ok) => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await;
     }
     // Each ran once, on one of the two; the joiner ran some.
     let mut executions = first_runtime.executions();
@@ -164,9 +155,11 @@ async fn a_joiner_takes_its_share_by_handoff_and_a_leaver_gives_it_back() {
     }
     // The joiner leaves (a planned stop): the first takes everything back.
     second.hand_over(Duration::from_secs(5)).await;
-    eventually("the first member holds every partition again", || {
-        held(&first).len() == PARTITIONS as usize
-    })
+    wait_until(
+        "the first member holds every partition again",
+        DEADLINE,
+        || held(&first).len() == PARTITIONS as usize,
+    )
     .await;
     submit(&[&first], request("after-leave", "agent:main:s0")).await;
 }

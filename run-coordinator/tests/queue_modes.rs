@@ -58,9 +58,9 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
 
 /// Submits `message` as a followup and waits until it executes: the
 /// session is busy from then on.
-async fn busy(cluster: &mut Cluster, run_id: &str, message: &str) {
+async fn busy(cluster: &mut Sandbox, run_id: &str, message: &str) {
     submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send(run_id, message, pb::QueueMode::Enqueue),
     )
     .await;
@@ -78,16 +78,16 @@ fn slow_echo() -> Arc<Recording> {
 async fn followup_is_a_turn_of_its_own_after_the_active_one(backend: Backend) {
     let runtime = slow_echo();
     let mut cluster =
-        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+        Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     busy(&mut cluster, "f-1", "first message").await;
     submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("f-2", "second", pb::QueueMode::Enqueue),
     )
     .await;
     for id in ["f-1", "f-2"] {
         assert_eq!(
-            status(&finished(&mut cluster.client, id).await),
+            status(&finished(&mut cluster.client(), id).await),
             RunStatus::Ok
         );
     }
@@ -118,24 +118,24 @@ async fn followup_is_a_turn_of_its_own_after_the_active_one_postgres() {
 async fn steer_goes_into_the_active_run_at_its_next_boundary(backend: Backend) {
     let runtime = slow_echo();
     let mut cluster =
-        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+        Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     busy(&mut cluster, "s-1", "tell me a story").await;
     let steered = submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("s-2", "make it short", pb::QueueMode::Steer),
     )
     .await;
     assert_eq!(steered.admission, pb::Admission::Accepted as i32);
     // The same key again is the same delivery, not a second steer.
     let again = submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("s-2", "make it short", pb::QueueMode::Steer),
     )
     .await;
     assert_ne!(again.admission, pb::Admission::Accepted as i32);
 
-    let carrier = finished(&mut cluster.client, "s-1").await;
-    let companion = finished(&mut cluster.client, "s-2").await;
+    let carrier = finished(&mut cluster.client(), "s-1").await;
+    let companion = finished(&mut cluster.client(), "s-2").await;
     assert_eq!(status(&carrier), RunStatus::Ok);
     assert_eq!(
         status(&companion),
@@ -171,15 +171,14 @@ async fn steer_goes_into_the_active_run_at_its_next_boundary_postgres() {
 
 async fn steer_into_an_idle_session_is_a_turn(backend: Backend) {
     let runtime = Recording::echo(1, 4);
-    let mut cluster =
-        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("i-1", "hello", pb::QueueMode::Steer),
     )
     .await;
     assert_eq!(
-        status(&finished(&mut cluster.client, "i-1").await),
+        status(&finished(&mut cluster.client(), "i-1").await),
         RunStatus::Ok
     );
     assert_eq!(runtime.count("i-1"), 1);
@@ -223,22 +222,22 @@ impl AgentRuntime for Deaf {
 async fn a_steer_the_runtime_never_takes_is_the_next_turn(backend: Backend) {
     let runtime = slow_echo();
     let deaf = Arc::new(Deaf(runtime.clone()));
-    let mut cluster = Cluster::start_on(backend, deaf, CoordinatorConfig::default()).await;
+    let mut cluster = Sandbox::start_on(backend, deaf, CoordinatorConfig::default()).await;
     busy(&mut cluster, "d-1", "first message").await;
     submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("d-2", "steered", pb::QueueMode::Steer),
     )
     .await;
     // Sent after the steer: it must come after it.
     submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("d-3", "later", pb::QueueMode::Enqueue),
     )
     .await;
     for id in ["d-1", "d-2", "d-3"] {
         assert_eq!(
-            status(&finished(&mut cluster.client, id).await),
+            status(&finished(&mut cluster.client(), id).await),
             RunStatus::Ok
         );
     }
@@ -270,15 +269,19 @@ async fn a_steer_the_runtime_never_takes_is_the_next_turn_postgres() {
 async fn collect_folds_the_waiting_messages_into_one_turn(backend: Backend) {
     let runtime = slow_echo();
     let mut cluster =
-        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+        Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     busy(&mut cluster, "c-0", "busy now").await;
     for (id, text) in [("c-1", "one"), ("c-2", "two"), ("c-3", "three")] {
-        submit(&mut cluster.client, send(id, text, pb::QueueMode::Collect)).await;
+        submit(
+            &mut cluster.client(),
+            send(id, text, pb::QueueMode::Collect),
+        )
+        .await;
     }
     let snapshots: Vec<pb::RunSnapshot> = {
         let mut all = Vec::new();
         for id in ["c-0", "c-1", "c-2", "c-3"] {
-            all.push(finished(&mut cluster.client, id).await);
+            all.push(finished(&mut cluster.client(), id).await);
         }
         all
     };
@@ -315,21 +318,20 @@ async fn collect_folds_the_waiting_messages_into_one_turn_postgres() {
 
 async fn interrupt_supersedes_the_active_run(backend: Backend) {
     let runtime = slow_echo();
-    let mut cluster =
-        Cluster::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
+    let cluster = Sandbox::start_on(backend, runtime.clone(), CoordinatorConfig::default()).await;
     submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("x-1", "a long answer please", pb::QueueMode::Enqueue),
     )
     .await;
-    eventually("x-1 executes", || runtime.count("x-1") == 1).await;
+    wait_until("x-1 executes", DEADLINE, || runtime.count("x-1") == 1).await;
     submit(
-        &mut cluster.client,
+        &mut cluster.client(),
         send("x-2", "stop, this instead", pb::QueueMode::Interrupt),
     )
     .await;
-    let old = finished(&mut cluster.client, "x-1").await;
-    let new = finished(&mut cluster.client, "x-2").await;
+    let old = finished(&mut cluster.client(), "x-1").await;
+    let new = finished(&mut cluster.client(), "x-2").await;
     assert_eq!(status(&old), RunStatus::Superseded);
     assert_eq!(old.superseded_by.as_deref(), Some("x-2"));
     assert_eq!(status(&new), RunStatus::Ok);

@@ -171,8 +171,8 @@ fn files(version: &str, what: &str, answer: Answer) -> Vec<FileDescriptor> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_lists_exactly_the_coordinator_s_services_and_describes_it() {
-    let cluster = Cluster::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
-    let channel = Endpoint::from_shared(cluster.coordinator_url.clone())
+    let cluster = Sandbox::start(Recording::echo(1, 1), CoordinatorConfig::default()).await;
+    let channel = Endpoint::from_shared(cluster.coordinator_url().to_owned())
         .unwrap()
         .connect()
         .await

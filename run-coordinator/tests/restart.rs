@@ -6,14 +6,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use clawgate_proto::run_coordinator::v1 as pb;
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
 use clawgate_system_tests::process::{Process, service_command};
 use common::*;
 use run_coordinator::runtime::grpc::serve_runtime;
-use session_store::grpc::client::RemoteStore;
 use session_store::model::RunStatus;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -32,31 +29,27 @@ async fn start_coordinator(store_url: &str, runtime_url: &str) -> Process {
 }
 
 async fn connect_when_up(process: &Process) -> RunCoordinatorClient<Channel> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut client) = RunCoordinatorClient::connect(process.url()).await
-            && client
-                .list_active(pb::ListActiveRequest::default())
-                .await
-                .is_ok()
-        {
-            return client;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the coordinator did not answer:\n{}",
-            process.output().join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!(
+        "the coordinator to answer; its output:\n{}",
+        process.output_text()
+    );
+    wait_for(what, DEADLINE, async || {
+        let mut client = RunCoordinatorClient::connect(process.url()).await.ok()?;
+        let answered = client.list_active(pb::ListActiveRequest::default()).await;
+        answered.is_ok().then_some(client)
+    })
+    .await
 }
 
 async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(backend: Backend) {
     let stop = CancellationToken::new();
-    let dir = tempfile::tempdir().unwrap();
-    let (backend, pg_schema) = open_store(backend, &dir).await;
-    let store_url = serve_store_on_port0(backend, stop.clone()).await;
-    let store = RemoteStore::connect(&store_url).await.unwrap();
+    // The store in this process, the coordinators its binary.
+    let sandbox = Sandbox::builder()
+        .backend(backend)
+        .coordinators(0)
+        .start()
+        .await;
+    let store_url = sandbox.store_url().to_owned();
 
     let runtime = Recording::echo(40, 50);
     let runtime_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -85,7 +78,7 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(backend: Ba
     )
     .await;
     // Mid-run: the runtime is streaming the first run.
-    let running = loop {
+    let running = wait_for("the first run to stream", DEADLINE, async || {
         let snapshot = client
             .get(pb::GetRequest {
                 run_id: "doomed".into(),
@@ -95,11 +88,9 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(backend: Ba
             .into_inner()
             .snapshot
             .unwrap();
-        if !snapshot.text.is_empty() {
-            break snapshot;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+        (!snapshot.text.is_empty()).then_some(snapshot)
+    })
+    .await;
     process.kill().await; // SIGKILL
 
     let mut process = start_coordinator(&store_url, &runtime_url).await;
@@ -112,7 +103,9 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(backend: Ba
     assert_eq!(again.admission, pb::Admission::Completed as i32);
     assert_eq!(status(again.snapshot.as_ref().unwrap()), RunStatus::Lost);
     // The zombie's fence no longer writes.
-    let stale = append_with_fence_of(&store, &running).await.unwrap_err();
+    let stale = append_with_fence_of(&sandbox.store, &running)
+        .await
+        .unwrap_err();
     assert_eq!(stale.code(), "STALE_WRITER");
     // The queued runs ran after the restart, exactly once each.
     for id in ["queued-same", "queued-other"] {
@@ -128,7 +121,7 @@ async fn a_killed_coordinator_leaves_lost_runs_and_requeues_the_rest(backend: Ba
     assert_eq!(counts.get("queued-other"), Some(&1));
     process.kill().await;
     stop.cancel();
-    drop_pg_schema(pg_schema.as_deref()).await;
+    sandbox.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! Append and AcquireWriter through the gRPC server, per backend, at
 //! concurrency 1 and 32. Run: `cargo bench -p session-store`.
-//! `BENCH_SECONDS` (default 3) sets the time per case; `BENCH_POSTGRES_URL`
-//! the database (default the local test one; the bench uses its own schema).
+//! `BENCH_SECONDS` (default 3) sets the time per case; the database is the
+//! tests' (`CLAWGATE_TEST_POSTGRES_URL`, default the local one), in a
+//! schema of the bench's own.
 //! Prints a Markdown table; docs/benchmarks.md keeps the measured numbers.
 //! Under `cargo test --all-targets` (no `--bench` argument) it makes a short
 //! smoke run instead, so the bench keeps working without costing CI time.
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use session_store::SessionKey;
 use session_store::SessionStore;
 use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
-use session_store::backend::postgres::{self, PgOptions, PostgresStore};
+use session_store::backend::postgres::{PgOptions, PostgresStore};
 use session_store::grpc::client::RemoteStore;
 use session_store::model::*;
 use session_store::server::{ServeOptions, serve_store};
@@ -58,7 +59,9 @@ async fn worker(store: RemoteStore, id: usize, op: Op, until: Instant) -> Vec<u6
         .await
         .expect("first acquire");
     let mut latencies = Vec::new();
-    while Instant::now() < until {
+    // At least one operation each, however late the worker starts (a busy
+    // machine may start the last of 32 after the window): no empty sample.
+    loop {
         let started = Instant::now();
         match op {
             Op::Append => {
@@ -95,8 +98,10 @@ async fn worker(store: RemoteStore, id: usize, op: Op, until: Instant) -> Vec<u6
             }
         }
         latencies.push(started.elapsed().as_micros() as u64);
+        if Instant::now() >= until {
+            return latencies;
+        }
     }
-    latencies
 }
 
 async fn measure(address: &str, op: Op, concurrency: usize, per_case: Duration) -> Sample {
@@ -172,18 +177,18 @@ async fn main() {
         .unwrap();
     bench_backend("embedded (redb)", Arc::new(embedded), per_case).await;
 
-    let url = std::env::var("BENCH_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = format!("ssbench_{}", uuid::Uuid::new_v4().simple());
+    // The tests' PostgreSQL: missing, the run fails (a row never goes
+    // silently unmeasured).
+    let url = clawgate_system_tests::postgres_url();
+    let schema = clawgate_system_tests::postgres::fresh_schema("ssbench");
     let options = PgOptions {
         schema: Some(schema.clone()),
         ..PgOptions::default()
     };
-    match PostgresStore::connect(&url, options).await {
-        Ok(pg) => {
-            bench_backend("PostgreSQL", Arc::new(pg), per_case).await;
-            postgres::drop_schema(&url, &schema).await.unwrap();
-        }
-        Err(e) => eprintln!("PostgreSQL skipped: {e}"),
-    }
+    let pg = PostgresStore::connect(&url, options)
+        .await
+        .unwrap_or_else(|e| panic!("the PostgreSQL at {url}: {e}"));
+    bench_backend("PostgreSQL", Arc::new(pg), per_case).await;
+    clawgate_system_tests::postgres::drop_schema(&clawgate_system_tests::postgres_url(), &schema)
+        .await;
 }

@@ -47,6 +47,12 @@ pub struct StoreConfig {
     #[arg(long, env = "SESSION_STORE_PURGE_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub purge_interval: Duration,
 
+    /// Every operation answers within this (e.g. 10s), or UNAVAILABLE: a
+    /// database that stops answering costs a caller this long, not its
+    /// wait forever.
+    #[arg(long, env = "SESSION_STORE_OPERATION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub operation_timeout: Duration,
+
     /// PostgreSQL: connections in the pool.
     #[arg(long, env = "SESSION_STORE_PG_POOL_SIZE", default_value_t = 16)]
     pub pg_pool_size: usize,

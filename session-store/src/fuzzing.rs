@@ -229,7 +229,7 @@ fn key_of(raw: &str) -> Result<(), ()> {
             Ok(())
         }
         Err(err) => {
-            refused(&err);
+            refused(&err.into());
             Err(())
         }
     }
@@ -269,7 +269,7 @@ async fn check_one(service: &SessionStoreService, kind: usize, bytes: &[u8]) {
             key_of(&req.session_key).and_then(|()| {
                 crate::model::parse_session_id(&req.session_id)
                     .map(drop)
-                    .map_err(|e| refused(&e))
+                    .map_err(|e| refused(&e.into()))
             })
         }),
         "History" => serve!(pb::HistoryRequest, history, |req| {

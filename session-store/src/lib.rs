@@ -3,8 +3,9 @@
 //!
 //! Layers: `model` (domain types) + `rules` (the pure domain rules),
 //! `store::SessionStore` (the trait), `backend` (memory, embedded redb,
-//! PostgreSQL), `limits` (input checks as a decorator), `metrics` (operation
-//! timing, also a decorator), `grpc` (the thin tonic adapter and the remote
+//! PostgreSQL), `limits` (input checks as a decorator), `deadline` (the
+//! operation timeout, a decorator), `metrics` (operation timing, also a
+//! decorator), `grpc` (the thin tonic adapter and the remote
 //! client), and `server` (`serve(config, listener, shutdown)`).
 //!
 //! `key`, `model`, `error`, `store` and the remote client belong to the
@@ -13,6 +14,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod deadline;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grpc;

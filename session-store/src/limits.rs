@@ -2,7 +2,6 @@
 //! refuses bad input with `InvalidArgument` before anything is written.
 //! Every limit is configurable (see `config.rs` and docs/session-store.md).
 
-use async_trait::async_trait;
 use clawgate_common::limits;
 
 use crate::error::{StoreError, StoreResult};
@@ -227,171 +226,125 @@ impl<S> Checked<S> {
     }
 }
 
-#[async_trait]
-impl<S: SessionStore> SessionStore for Checked<S> {
-    async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
-        validate_run_id(&req.run_id)?;
-        if let Some(expected) = &req.expected_writer {
-            validate_run_id(expected)?;
+session_store_api::forward_store! {
+    impl[S: SessionStore] SessionStore for Checked<S> {
+        async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
+            validate_run_id(&req.run_id)?;
+            if let Some(expected) = &req.expected_writer {
+                validate_run_id(expected)?;
+            }
+            self.limits.check_label(req.label.as_deref())?;
+            self.inner.acquire_writer(req).await
         }
-        self.limits.check_label(req.label.as_deref())?;
-        self.inner.acquire_writer(req).await
-    }
 
-    async fn release_writer(
-        &self,
-        key: &SessionKey,
-        run_id: &str,
-        fence_token: u64,
-        owner_token: Option<&OwnerToken>,
-    ) -> StoreResult<Released> {
-        validate_run_id(run_id)?;
-        self.inner
-            .release_writer(key, run_id, fence_token, owner_token)
-            .await
-    }
-
-    async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
-        validate_run_id(&req.run_id)?;
-        self.limits.check_entries(&req.entries)?;
-        self.inner.append(req).await
-    }
-
-    async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
-        let query = self.limits.history_query(query)?;
-        self.inner.history(query).await
-    }
-
-    async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
-        self.inner.get_session(key).await
-    }
-
-    async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
-        let query = self.limits.list_query(query)?;
-        self.inner.list_sessions(query).await
-    }
-
-    async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
-        self.inner.reset_session(key).await
-    }
-
-    async fn delete_session(
-        &self,
-        key: &SessionKey,
-        delete_transcript: bool,
-    ) -> StoreResult<DeleteOutcome> {
-        self.inner.delete_session(key, delete_transcript).await
-    }
-
-    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
-        self.limits.check_patch(&req)?;
-        self.inner.patch_session(req).await
-    }
-
-    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
-        validate_run_id(&new.run_id)?;
-        self.limits.check_name("kind", &new.kind, false)?;
-        self.limits
-            .check_name("fingerprint", &new.fingerprint, true)?;
-        self.limits.check_name("owner", &new.owner, true)?;
-        self.limits
-            .check_run_payload("request_json", &new.request_json)?;
-        if new.status.is_terminal() || new.status == RunStatus::Running {
-            return Err(StoreError::invalid(format!(
-                "a run is created accepted or queued, not {}",
-                new.status.as_str()
-            )));
+        async fn release_writer(
+            &self,
+            key: &SessionKey,
+            run_id: &str,
+            fence_token: u64,
+            owner_token: Option<&OwnerToken>,
+        ) -> StoreResult<Released> {
+            validate_run_id(run_id)?;
+            self.inner
+                .release_writer(key, run_id, fence_token, owner_token)
+                .await
         }
-        self.inner.create_run(new).await
-    }
 
-    async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
-        validate_run_id(&update.run_id)?;
-        if let Some(owner) = &update.owner {
-            self.limits.check_name("owner", owner, true)?;
-        }
-        if let Some(outcome) = &update.outcome_json {
-            self.limits.check_run_payload("outcome_json", outcome)?;
-        }
-        self.inner.update_run(update).await
-    }
-
-    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
-        validate_run_id(&req.run_id)?;
-        if let Some(expected) = &req.expected_writer {
-            validate_run_id(expected)?;
-        }
-        self.limits.check_label(req.label.as_deref())?;
-        self.limits.check_name("owner", &req.owner, true)?;
-        if !req.entries.is_empty() {
+        async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
+            validate_run_id(&req.run_id)?;
             self.limits.check_entries(&req.entries)?;
+            self.inner.append(req).await
         }
-        if req.history_limit > self.limits.max_history_limit {
-            return Err(StoreError::invalid(format!(
-                "history_limit must be 0..={}, got {}",
-                self.limits.max_history_limit, req.history_limit
-            )));
+
+        async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
+            let query = self.limits.history_query(query)?;
+            self.inner.history(query).await
         }
-        let mut started = self.inner.start_run(req).await?;
-        // The history budget of a History call without maxChars, so that
-        // the answer always fits a gRPC message: the newest entries stay.
-        self.limits.trim_to_budget(&mut started.history);
-        Ok(started)
-    }
 
-    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
-        validate_run_id(&req.run_id)?;
-        if let Some(outcome) = &req.outcome_json {
-            self.limits.check_run_payload("outcome_json", outcome)?;
+        async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
+            let query = self.limits.list_query(query)?;
+            self.inner.list_sessions(query).await
         }
-        if !req.entries.is_empty() {
-            self.limits.check_entries(&req.entries)?;
+
+        async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
+            self.limits.check_patch(&req)?;
+            self.inner.patch_session(req).await
         }
-        self.inner.finish_run(req).await
-    }
 
-    async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
-        validate_run_id(run_id)?;
-        self.inner.get_run(run_id).await
-    }
+        async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
+            validate_run_id(&new.run_id)?;
+            self.limits.check_name("kind", &new.kind, false)?;
+            self.limits
+                .check_name("fingerprint", &new.fingerprint, true)?;
+            self.limits.check_name("owner", &new.owner, true)?;
+            self.limits
+                .check_run_payload("request_json", &new.request_json)?;
+            if new.status.is_terminal() || new.status == RunStatus::Running {
+                return Err(StoreError::invalid(format!(
+                    "a run is created accepted or queued, not {}",
+                    new.status.as_str()
+                )));
+            }
+            self.inner.create_run(new).await
+        }
 
-    async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
-        self.inner.list_active_runs(owner).await
-    }
+        async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
+            validate_run_id(&update.run_id)?;
+            if let Some(owner) = &update.owner {
+                self.limits.check_name("owner", owner, true)?;
+            }
+            if let Some(outcome) = &update.outcome_json {
+                self.limits.check_run_payload("outcome_json", outcome)?;
+            }
+            self.inner.update_run(update).await
+        }
 
-    async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
-        self.inner.purge_expired_runs(ended_before_ms).await
-    }
+        async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
+            validate_run_id(&req.run_id)?;
+            if let Some(expected) = &req.expected_writer {
+                validate_run_id(expected)?;
+            }
+            self.limits.check_label(req.label.as_deref())?;
+            self.limits.check_name("owner", &req.owner, true)?;
+            if !req.entries.is_empty() {
+                self.limits.check_entries(&req.entries)?;
+            }
+            if req.history_limit > self.limits.max_history_limit {
+                return Err(StoreError::invalid(format!(
+                    "history_limit must be 0..={}, got {}",
+                    self.limits.max_history_limit, req.history_limit
+                )));
+            }
+            let mut started = self.inner.start_run(req).await?;
+            // The history budget of a History call without maxChars, so that
+            // the answer always fits a gRPC message: the newest entries stay.
+            self.limits.trim_to_budget(&mut started.history);
+            Ok(started)
+        }
 
+        async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
+            validate_run_id(&req.run_id)?;
+            if let Some(outcome) = &req.outcome_json {
+                self.limits.check_run_payload("outcome_json", outcome)?;
+            }
+            if !req.entries.is_empty() {
+                self.limits.check_entries(&req.entries)?;
+            }
+            self.inner.finish_run(req).await
+        }
+
+        async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
+            validate_run_id(run_id)?;
+            self.inner.get_run(run_id).await
+        }
+    }
+    forward(self => self.inner) [
+        get_session, reset_session, delete_session, list_active_runs, purge_expired_runs,
+    ];
     // Lease requests are checked by every backend (`rules::ownership`):
     // their bounds depend on the partition count the backend holds.
-    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
-        self.inner.acquire_leases(req).await
-    }
-
-    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
-        self.inner.renew_leases(req).await
-    }
-
-    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
-        self.inner.release_leases(tokens).await
-    }
-
-    async fn list_leases(&self) -> StoreResult<LeaseTable> {
-        self.inner.list_leases().await
-    }
-
+    forward(self => self.inner) [acquire_leases, renew_leases, release_leases, list_leases];
     // So are the member registry's (`rules::ownership::check_heartbeat`),
     // and its cap (`max_members`) depends on the entries stored.
-    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
-        self.inner.heartbeat_member(req).await
-    }
-
-    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
-        self.inner.leave_member(member).await
-    }
-
-    async fn list_members(&self) -> StoreResult<MemberTable> {
-        self.inner.list_members().await
-    }
+    forward(self => self.inner) [heartbeat_member, leave_member, list_members];
 }

@@ -6,107 +6,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
 use clawgate_telemetry::metrics::{LatencyFamily, latency_family};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use session_store_api::StoreOperation;
 use tracing::Instrument;
 
 use crate::error::{StoreError, StoreResult};
-use crate::key::SessionKey;
 use crate::model::*;
 use crate::store::SessionStore;
-
-/// Every operation of the `SessionStore` trait, as a label value.
-#[derive(Debug, Clone, Copy)]
-enum Operation {
-    AcquireWriter,
-    ReleaseWriter,
-    Append,
-    History,
-    GetSession,
-    ListSessions,
-    ResetSession,
-    DeleteSession,
-    PatchSession,
-    CreateRun,
-    UpdateRun,
-    StartRun,
-    FinishRun,
-    GetRun,
-    ListActiveRuns,
-    PurgeExpiredRuns,
-    AcquireLeases,
-    RenewLeases,
-    ReleaseLeases,
-    ListLeases,
-    HeartbeatMember,
-    LeaveMember,
-    ListMembers,
-}
-
-impl Operation {
-    const ALL: [Self; 23] = [
-        Self::AcquireWriter,
-        Self::ReleaseWriter,
-        Self::Append,
-        Self::History,
-        Self::GetSession,
-        Self::ListSessions,
-        Self::ResetSession,
-        Self::DeleteSession,
-        Self::PatchSession,
-        Self::CreateRun,
-        Self::UpdateRun,
-        Self::StartRun,
-        Self::FinishRun,
-        Self::GetRun,
-        Self::ListActiveRuns,
-        Self::PurgeExpiredRuns,
-        Self::AcquireLeases,
-        Self::RenewLeases,
-        Self::ReleaseLeases,
-        Self::ListLeases,
-        Self::HeartbeatMember,
-        Self::LeaveMember,
-        Self::ListMembers,
-    ];
-
-    /// `store.<operation>`: the span name.
-    fn span_name(self) -> String {
-        format!("store.{}", self.as_str())
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::AcquireWriter => "acquire_writer",
-            Self::ReleaseWriter => "release_writer",
-            Self::Append => "append",
-            Self::History => "history",
-            Self::GetSession => "get_session",
-            Self::ListSessions => "list_sessions",
-            Self::ResetSession => "reset_session",
-            Self::DeleteSession => "delete_session",
-            Self::PatchSession => "patch_session",
-            Self::CreateRun => "create_run",
-            Self::UpdateRun => "update_run",
-            Self::StartRun => "start_run",
-            Self::FinishRun => "finish_run",
-            Self::GetRun => "get_run",
-            Self::ListActiveRuns => "list_active_runs",
-            Self::PurgeExpiredRuns => "purge_expired_runs",
-            Self::AcquireLeases => "acquire_leases",
-            Self::RenewLeases => "renew_leases",
-            Self::ReleaseLeases => "release_leases",
-            Self::ListLeases => "list_leases",
-            Self::HeartbeatMember => "heartbeat_member",
-            Self::LeaveMember => "leave_member",
-            Self::ListMembers => "list_members",
-        }
-    }
-}
 
 type OperationLabels = [(&'static str, &'static str); 2];
 
@@ -115,8 +25,8 @@ type OperationLabels = [(&'static str, &'static str); 2];
 pub struct StoreMetrics {
     operations: LatencyFamily<OperationLabels>,
     /// `[operation][ok, error]`, resolved once so that timing an operation
-    /// is one histogram update (indexed like `Operation::ALL`).
-    resolved: Arc<[[Histogram; 2]; Operation::ALL.len()]>,
+    /// is one histogram update (indexed like `StoreOperation::ALL`).
+    resolved: Arc<[[Histogram; 2]; StoreOperation::ALL.len()]>,
     /// Writes refused because their owner token was stale, and renewals that
     /// found the lease gone: each is a coordinator that lost a partition and
     /// still tried to act on it.
@@ -128,7 +38,7 @@ type OperationLabel = [(&'static str, &'static str); 1];
 impl Default for StoreMetrics {
     fn default() -> Self {
         let operations = latency_family();
-        let resolved = Operation::ALL.map(|operation| {
+        let resolved = StoreOperation::ALL.map(|operation| {
             ["ok", "error"].map(|outcome| {
                 operations
                     .get_or_create(&[("operation", operation.as_str()), ("outcome", outcome)])
@@ -159,7 +69,7 @@ impl StoreMetrics {
         );
     }
 
-    fn count_stale_owner(&self, operation: Operation, count: u64) {
+    fn count_stale_owner(&self, operation: StoreOperation, count: u64) {
         if count > 0 {
             self.stale_owner
                 .get_or_create(&[("operation", operation.as_str())])
@@ -167,7 +77,7 @@ impl StoreMetrics {
         }
     }
 
-    fn observe(&self, operation: Operation, ok: bool, started: Instant) {
+    fn observe(&self, operation: StoreOperation, ok: bool, started: Instant) {
         self.resolved[operation as usize][usize::from(!ok)]
             .observe(started.elapsed().as_secs_f64());
     }
@@ -202,7 +112,7 @@ impl<S: SessionStore> Metered<S> {
     /// logs.
     async fn timed<T>(
         &self,
-        operation: Operation,
+        operation: StoreOperation,
         call: impl Future<Output = StoreResult<T>>,
     ) -> StoreResult<T> {
         let span = if !self.spans {
@@ -211,7 +121,7 @@ impl<S: SessionStore> Metered<S> {
             tracing::info_span!(
             target: "otel::store",
             "store.operation",
-            otel.name = operation.span_name(),
+            otel.name = format!("store.{}", operation.as_str()),
             store.operation = operation.as_str(),
             otel.status_code = tracing::field::Empty,
             error.type = tracing::field::Empty,
@@ -231,115 +141,23 @@ impl<S: SessionStore> Metered<S> {
     }
 }
 
-#[async_trait]
-impl<S: SessionStore> SessionStore for Metered<S> {
-    async fn acquire_writer(&self, req: AcquireWriter) -> StoreResult<Acquired> {
-        self.timed(Operation::AcquireWriter, self.inner.acquire_writer(req))
-            .await
+session_store_api::forward_store! {
+    impl[S: SessionStore] SessionStore for Metered<S> {
+        async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
+            let call = self.inner.renew_leases(req);
+            let grant = self.timed(StoreOperation::RenewLeases, call).await?;
+            let refused = grant.refused.len() as u64;
+            self.metrics
+                .count_stale_owner(StoreOperation::RenewLeases, refused);
+            Ok(grant)
+        }
     }
-    async fn release_writer(
-        &self,
-        key: &SessionKey,
-        run_id: &str,
-        fence_token: u64,
-        owner_token: Option<&OwnerToken>,
-    ) -> StoreResult<Released> {
-        let call = self
-            .inner
-            .release_writer(key, run_id, fence_token, owner_token);
-        self.timed(Operation::ReleaseWriter, call).await
-    }
-    async fn append(&self, req: AppendEntries) -> StoreResult<Appended> {
-        self.timed(Operation::Append, self.inner.append(req)).await
-    }
-    async fn history(&self, query: HistoryQuery) -> StoreResult<HistoryPage> {
-        self.timed(Operation::History, self.inner.history(query))
-            .await
-    }
-    async fn get_session(&self, key: &SessionKey) -> StoreResult<Option<Session>> {
-        self.timed(Operation::GetSession, self.inner.get_session(key))
-            .await
-    }
-    async fn list_sessions(&self, query: ListQuery) -> StoreResult<Vec<Session>> {
-        self.timed(Operation::ListSessions, self.inner.list_sessions(query))
-            .await
-    }
-    async fn reset_session(&self, key: &SessionKey) -> StoreResult<ResetOutcome> {
-        self.timed(Operation::ResetSession, self.inner.reset_session(key))
-            .await
-    }
-    async fn delete_session(
-        &self,
-        key: &SessionKey,
-        delete_transcript: bool,
-    ) -> StoreResult<DeleteOutcome> {
-        let call = self.inner.delete_session(key, delete_transcript);
-        self.timed(Operation::DeleteSession, call).await
-    }
-    async fn patch_session(&self, req: PatchSession) -> StoreResult<PatchOutcome> {
-        let call = self.inner.patch_session(req);
-        self.timed(Operation::PatchSession, call).await
-    }
-    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRunOutcome> {
-        self.timed(Operation::CreateRun, self.inner.create_run(new))
-            .await
-    }
-    async fn update_run(&self, update: RunUpdate) -> StoreResult<RunRecord> {
-        self.timed(Operation::UpdateRun, self.inner.update_run(update))
-            .await
-    }
-    async fn start_run(&self, req: StartRun) -> StoreResult<Started> {
-        self.timed(Operation::StartRun, self.inner.start_run(req))
-            .await
-    }
-    async fn finish_run(&self, req: FinishRun) -> StoreResult<Finished> {
-        self.timed(Operation::FinishRun, self.inner.finish_run(req))
-            .await
-    }
-    async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
-        self.timed(Operation::GetRun, self.inner.get_run(run_id))
-            .await
-    }
-    async fn list_active_runs(&self, owner: Option<&str>) -> StoreResult<Vec<RunRecord>> {
-        let call = self.inner.list_active_runs(owner);
-        self.timed(Operation::ListActiveRuns, call).await
-    }
-    async fn purge_expired_runs(&self, ended_before_ms: i64) -> StoreResult<u64> {
-        let call = self.inner.purge_expired_runs(ended_before_ms);
-        self.timed(Operation::PurgeExpiredRuns, call).await
-    }
-    async fn acquire_leases(&self, req: AcquireLeases) -> StoreResult<LeaseGrant> {
-        let call = self.inner.acquire_leases(req);
-        self.timed(Operation::AcquireLeases, call).await
-    }
-    async fn renew_leases(&self, req: RenewLeases) -> StoreResult<LeaseGrant> {
-        let call = self.inner.renew_leases(req);
-        let grant = self.timed(Operation::RenewLeases, call).await?;
-        let refused = grant.refused.len() as u64;
-        self.metrics
-            .count_stale_owner(Operation::RenewLeases, refused);
-        Ok(grant)
-    }
-    async fn release_leases(&self, tokens: Vec<OwnerToken>) -> StoreResult<Vec<u32>> {
-        let call = self.inner.release_leases(tokens);
-        self.timed(Operation::ReleaseLeases, call).await
-    }
-    async fn list_leases(&self) -> StoreResult<LeaseTable> {
-        self.timed(Operation::ListLeases, self.inner.list_leases())
-            .await
-    }
-    async fn heartbeat_member(&self, req: MemberHeartbeat) -> StoreResult<MemberTable> {
-        let call = self.inner.heartbeat_member(req);
-        self.timed(Operation::HeartbeatMember, call).await
-    }
-    async fn leave_member(&self, member: &str) -> StoreResult<bool> {
-        let call = self.inner.leave_member(member);
-        self.timed(Operation::LeaveMember, call).await
-    }
-    async fn list_members(&self) -> StoreResult<MemberTable> {
-        self.timed(Operation::ListMembers, self.inner.list_members())
-            .await
-    }
+    forward(self => self.inner, through timed) [
+        acquire_writer, release_writer, append, history, get_session, list_sessions,
+        reset_session, delete_session, patch_session, create_run, update_run, get_run,
+        start_run, finish_run, list_active_runs, purge_expired_runs, acquire_leases,
+        release_leases, list_leases, heartbeat_member, leave_member, list_members,
+    ];
 }
 
 #[cfg(test)]
@@ -348,6 +166,7 @@ mod tests {
 
     use super::*;
     use crate::backend::memory::MemoryStore;
+    use crate::key::SessionKey;
 
     fn count(text: &str, operation: &str, outcome: &str) -> Option<f64> {
         sample_value(

@@ -17,11 +17,13 @@ use tonic::transport::server::TcpIncoming;
 use crate::backend::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::backend::postgres::{PgOptions, PostgresStore};
 use crate::config::{BackendLocation, StoreConfig};
+use crate::deadline::{DEFAULT_OPERATION_TIMEOUT, Deadlined};
 use crate::grpc::MAX_MESSAGE_BYTES;
 use crate::grpc::service::SessionStoreService;
 use crate::limits::{Checked, Limits};
 use crate::metrics::{Metered, StoreMetrics};
-use crate::store::{SessionStore, now_ms};
+use crate::store::SessionStore;
+use clawgate_common::clock::now_ms;
 
 /// What the server does besides answering calls.
 #[derive(Debug)]
@@ -38,6 +40,8 @@ pub struct ServeOptions {
     pub grpc_max_message_bytes: usize,
     /// Calls without one of these are refused; none, every call is served.
     pub service_tokens: Option<clawgate_telemetry::ServiceTokens>,
+    /// Every operation answers within this, or UNAVAILABLE.
+    pub operation_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -50,6 +54,7 @@ impl Default for ServeOptions {
             metrics_listener: None,
             grpc_max_message_bytes: MAX_MESSAGE_BYTES,
             service_tokens: None,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
         }
     }
 }
@@ -62,6 +67,7 @@ impl From<&StoreConfig> for ServeOptions {
             purge_interval: config.purge_interval,
             grpc_max_message_bytes: config.grpc_max_message_bytes,
             service_tokens: config.service_token.clone(),
+            operation_timeout: config.operation_timeout,
             ..Self::default()
         }
     }
@@ -116,16 +122,18 @@ pub async fn serve(
     serve_store(backend, options, listener, shutdown).await
 }
 
-/// Serves `backend` (checked against the limits, every operation timed)
-/// until `shutdown` resolves, then drains in-flight calls.
+/// Serves `backend` (checked against the limits, every operation bounded
+/// by the operation timeout and timed) until `shutdown` resolves, then
+/// drains in-flight calls.
 pub async fn serve_store(
     backend: Arc<dyn SessionStore>,
     options: ServeOptions,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let checked = Checked::new(backend, options.limits.clone());
     let store: Arc<dyn SessionStore> = Arc::new(Metered::new(
-        Checked::new(backend, options.limits.clone()),
+        Deadlined::new(checked, options.operation_timeout),
         options.metrics.clone(),
     ));
     let _metrics_server = options.metrics_listener.map(|listener| {
@@ -219,7 +227,9 @@ async fn purge_expired_runs(store: Arc<dyn SessionStore>, retention: Duration, e
         match store.purge_expired_runs(cutoff).await {
             Ok(0) => {}
             Ok(purged) => tracing::info!(purged, "expired run records purged"),
-            Err(e) => tracing::warn!(error = %e, "purging expired run records failed"),
+            Err(e) => {
+                clawgate_telemetry::limited!(warn, error = %e, "purging expired run records failed")
+            }
         }
     }
 }

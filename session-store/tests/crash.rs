@@ -7,14 +7,17 @@
 mod suite;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clawgate_system_tests::process::{Process, service_command};
+use clawgate_system_tests::wait::{poll, wait_until};
 use session_store::SessionStore;
 use session_store::grpc::client::RemoteStore;
 use session_store::model::*;
 use suite::key;
 
+/// How long the process may take to answer (a bound on a broken one).
+const DEADLINE: Duration = Duration::from_secs(30);
 const WRITERS: usize = 8;
 /// Sessions whose writer slot is taken over again and again.
 const FENCERS: usize = 4;
@@ -31,20 +34,13 @@ async fn start(store_file: &std::path::Path) -> Process {
 
 /// Connects once the process answers, or fails after a deadline.
 async fn connect(process: &Process) -> RemoteStore {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(remote) = RemoteStore::connect(&process.url()).await
-            && remote.get_session(&key("probe")).await.is_ok()
-        {
-            return remote;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "session-store did not answer:\n{}",
-            process.output().join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let answered = poll("session-store to answer", DEADLINE, async || {
+        let remote = RemoteStore::connect(&process.url()).await.ok()?;
+        let probe = remote.get_session(&key("probe")).await;
+        probe.is_ok().then_some(remote)
+    })
+    .await;
+    answered.unwrap_or_else(|timed_out| panic!("{timed_out}:\n{}", process.output_text()))
 }
 
 #[derive(Default)]
@@ -133,17 +129,15 @@ async fn acknowledged_appends_survive_sigkill() {
     writers.extend((0..FENCERS).map(|i| tokio::spawn(fencer(i, store.clone(), acked.clone()))));
     // Kill while appends and takeovers are in flight, once a good number
     // of each were acknowledged.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while {
-        let acked = acked.lock().unwrap();
-        acked.entries.len() < 400 || acked.fences_issued < WRITERS + 200
-    } {
-        assert!(
-            Instant::now() < deadline,
-            "appends are not being acknowledged"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(
+        "appends and takeovers to be acknowledged",
+        2 * DEADLINE,
+        || {
+            let acked = acked.lock().unwrap();
+            acked.entries.len() >= 400 && acked.fences_issued >= WRITERS + 200
+        },
+    )
+    .await;
     process.kill().await; // SIGKILL
     for w in writers {
         w.await.unwrap();

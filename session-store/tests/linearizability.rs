@@ -110,6 +110,7 @@ fn config() -> Config {
 
 /// SplitMix64 from the test kit: small, seeded, good enough to pick operations.
 use clawgate_system_tests::rng::SplitMix as Rng;
+use clawgate_system_tests::wait::wait_for;
 
 /// The session keys: `PARTITIONS` partitions with `SESSIONS_PER_PARTITION`
 /// keys each. Session `g` is `s = g % SESSIONS_PER_PARTITION` of partition
@@ -1613,38 +1614,28 @@ async fn postgres_a_lease_release_is_ordered_after_the_writes_of_its_tenure() {
     };
     // A bound so that a store that blocks elsewhere fails the test instead
     // of hanging it; the outcome never depends on it.
-    let give_up = Instant::now() + Duration::from_secs(120);
+    let give_up = Duration::from_secs(120);
     let appending = tokio::spawn(record(append));
     // The append has passed its owner check and waits for the row.
-    let append_pid = loop {
-        if let Some(pid) = blocked_by(blocker_pid).await.first() {
-            break *pid;
-        }
+    let append_pid = wait_for("the append to wait for the row", give_up, async || {
+        let pid = blocked_by(blocker_pid).await.first().copied();
         assert!(
-            !appending.is_finished(),
+            pid.is_some() || !appending.is_finished(),
             "the append did not wait for the row"
         );
-        assert!(
-            Instant::now() < give_up,
-            "the append never waited for the row"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
+        pid
+    })
+    .await;
     let releasing = tokio::spawn(record(Input::ReleaseLease { token }));
     // Either the release answers, or it waits for the append.
-    let release_waits = loop {
+    let what = "the release to answer or to wait for the append";
+    let release_waits = wait_for(what, give_up, async || {
         if releasing.is_finished() {
-            break false;
+            return Some(false);
         }
-        if !blocked_by(append_pid).await.is_empty() {
-            break true;
-        }
-        assert!(
-            Instant::now() < give_up,
-            "the release neither answered nor waited"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
+        (!blocked_by(append_pid).await.is_empty()).then_some(true)
+    })
+    .await;
     if release_waits {
         blocker.batch_execute("COMMIT").await.unwrap();
         history.push(appending.await.unwrap());

@@ -1,18 +1,20 @@
 //! The partition count is fixed at a store's first start, on each durable
-//! backend; and WatchLeases streams the lease table as it changes.
+//! backend; and WatchLeases streams the lease table as it changes (and
+//! now and then unchanged).
 
 mod suite;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use clawgate_system_tests::wait::wait_for;
 use futures::StreamExt;
 use session_store::SessionStore;
 use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
 use session_store::backend::memory::MemoryStore;
 use session_store::backend::postgres::{self, PgOptions, PostgresStore};
 use session_store::grpc::client::RemoteStore;
-use session_store::model::AcquireLeases;
+use session_store::model::{AcquireLeases, LeaseTable};
 use suite::harness::{TestServer, postgres_url};
 
 fn refused_for_its_count(err: session_store::StoreError) {
@@ -37,15 +39,13 @@ async fn an_embedded_store_keeps_its_first_partition_count() {
     let open = |partitions| {
         let path = path.clone();
         async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
+            wait_for("the file to be free", Duration::from_secs(30), async || {
                 match EmbeddedStore::open(&path, options(partitions)).await {
-                    Err(err) if err.code() == "UNAVAILABLE" && Instant::now() < deadline => {
-                        tokio::task::yield_now().await;
-                    }
-                    opened => return opened,
+                    Err(err) if err.code() == "UNAVAILABLE" => None,
+                    opened => Some(opened),
                 }
-            }
+            })
+            .await
         }
     };
     let store = open(64).await.unwrap();
@@ -82,16 +82,42 @@ async fn a_postgres_store_keeps_its_first_partition_count() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_leases_sends_the_table_then_each_change() {
+/// A memory store of `partitions` served on port 0, a client of it, and a
+/// 100 ms watch of its leases whose first table has been read.
+async fn watching(
+    partitions: u32,
+) -> (
+    TestServer,
+    RemoteStore,
+    impl futures::Stream<Item = session_store::StoreResult<LeaseTable>> + Unpin,
+    LeaseTable,
+) {
     let server = TestServer::start(
-        Arc::new(MemoryStore::with_partitions(4)),
+        Arc::new(MemoryStore::with_partitions(partitions)),
         Default::default(),
     )
     .await;
     let store = RemoteStore::connect(&server.url()).await.unwrap();
-    let mut watch = store.watch_leases(100).await.unwrap();
+    let mut watch = Box::pin(store.watch_leases(100).await.unwrap());
     let first = watch.next().await.unwrap().unwrap();
+    (server, store, watch, first)
+}
+
+/// The watch's next table, within a deadline.
+async fn next_table(
+    watch: &mut (impl futures::Stream<Item = session_store::StoreResult<LeaseTable>> + Unpin),
+    what: &str,
+) -> LeaseTable {
+    tokio::time::timeout(Duration::from_secs(30), watch.next())
+        .await
+        .expect(what)
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_leases_sends_the_table_then_each_change() {
+    let (server, store, mut watch, first) = watching(4).await;
     assert_eq!(first.partition_count, 4);
     assert!(first.leases.iter().all(|l| l.owner.is_none()));
     store
@@ -104,14 +130,21 @@ async fn watch_leases_sends_the_table_then_each_change() {
         })
         .await
         .unwrap();
-    let changed = tokio::time::timeout(Duration::from_secs(30), watch.next())
-        .await
-        .expect("a change is sent")
-        .unwrap()
-        .unwrap();
+    let changed = next_table(&mut watch, "a change is sent").await;
     assert_eq!(changed.leases[2].owner.as_deref(), Some("a"));
     assert_eq!(changed.leases[2].epoch, 1);
     // A watch still open does not hold up the server's shutdown.
+    server.stop().await;
+    drop(watch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_leases_sends_an_unchanged_table_now_and_then() {
+    let (server, _store, mut watch, first) = watching(2).await;
+    // Nothing changes; the table comes again, so that the watcher can tell
+    // a quiet table from a silent stream.
+    let again = next_table(&mut watch, "the table is sent again").await;
+    assert_eq!(again.leases, first.leases);
     server.stop().await;
     drop(watch);
 }

@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use clawgate_system_tests::{Cluster, EdgeClient, TraceReceiver};
+use clawgate_system_tests::{Client, System, TraceReceiver};
 use serde_json::json;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -47,8 +47,8 @@ async fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-async fn start(setup: Setup, receiver: &TraceReceiver) -> Cluster {
-    let builder = Cluster::builder().echo(1, Duration::ZERO);
+async fn start(setup: Setup, receiver: &TraceReceiver) -> System {
+    let builder = System::builder().echo(1, Duration::ZERO);
     let builder = match setup {
         Setup::Off => builder,
         Setup::DeadCollector => builder.env(
@@ -64,7 +64,7 @@ async fn start(setup: Setup, receiver: &TraceReceiver) -> Cluster {
 
 /// Sends request `n` (a chat.send) and waits for its run to end; returns
 /// the ACK latency (µs).
-async fn ack(client: &mut EdgeClient, n: usize) -> u64 {
+async fn ack(client: &mut Client, n: usize) -> u64 {
     let run_id = format!("bench-{n}-{}", std::process::id());
     let params = json!({
         "sessionKey": format!("agent:main:bench-{}", n % 8),
@@ -73,7 +73,7 @@ async fn ack(client: &mut EdgeClient, n: usize) -> u64 {
     });
     let started = Instant::now();
     let id = client
-        .send("chat.send", params, serde_json::Map::new())
+        .send_request("chat.send", params, serde_json::Map::new())
         .await;
     let res = client.response(&id).await;
     let latency = started.elapsed().as_micros() as u64;
@@ -134,7 +134,7 @@ async fn main() {
     );
     println!("\nCPU time per request, µs (edge / coordinator / store)");
     for (setup, (cluster, _)) in Setup::ALL.into_iter().zip(&clusters) {
-        let per_request = |process: &clawgate_system_tests::cluster::Process| {
+        let per_request = |process: &clawgate_system_tests::process::Process| {
             process.cpu_time().map_or_else(
                 || "?".to_owned(),
                 |cpu| (cpu.as_micros() / (warmup + requests) as u128).to_string(),
@@ -143,9 +143,9 @@ async fn main() {
         println!(
             "{}: {} / {} / {}",
             setup.label(),
-            per_request(&cluster.edge),
-            per_request(&cluster.coordinator),
-            per_request(&cluster.store)
+            per_request(cluster.edge()),
+            per_request(cluster.coordinator()),
+            per_request(cluster.store())
         );
     }
 }

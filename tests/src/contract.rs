@@ -15,8 +15,8 @@
 //!   superseding run links to the `run.execute` of the run it replaced.
 //! - The store's SERVER spans carry `run.id` (from W3C baggage).
 
-use crate::cluster::Role;
 use crate::receiver::{ExportedSpan, SpanKind, Spans};
+use crate::system::Role;
 
 pub const SUBMIT: &str = "clawgate.run_coordinator.v1.RunCoordinator/Submit";
 pub const CREATE_RUN: &str = "clawgate.session_store.v1.SessionStore/CreateRun";

@@ -10,14 +10,20 @@ pub async fn run_record(
     store: &mut SessionStoreClient<Channel>,
     run_id: &str,
 ) -> Option<store_pb::RunRecord> {
-    store
-        .get_run(store_pb::GetRunRequest {
-            run_id: run_id.to_owned(),
-        })
+    try_run_record(store, run_id)
         .await
         .expect("the store answers GetRun")
-        .into_inner()
-        .record
+}
+
+/// [`run_record`], or the store's refusal (while it recovers from a fault).
+pub async fn try_run_record(
+    store: &mut SessionStoreClient<Channel>,
+    run_id: &str,
+) -> Result<Option<store_pb::RunRecord>, tonic::Status> {
+    let request = store_pb::GetRunRequest {
+        run_id: run_id.to_owned(),
+    };
+    Ok(store.get_run(request).await?.into_inner().record)
 }
 
 /// Whether a run with this status has ended.

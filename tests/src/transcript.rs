@@ -1,8 +1,10 @@
-//! A session's transcript as runs, and the check every multi-process test
+//! A session's transcript as runs, and the checks every multi-process test
 //! makes of it after faults: each run's turns together, once, in the order
-//! the client sent the runs, and only runs somebody sent.
+//! the client sent the runs, and only runs somebody sent; and each run's
+//! turns as its recorded end says (an `ok` run answered once, a `lost` one
+//! not at all).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
@@ -73,9 +75,55 @@ pub fn check_lane_order(
     }
 }
 
+/// Checks the transcript against the runs' recorded ends: a run that
+/// ended `ok` has its user turn and exactly one assistant turn; a run that
+/// ended `lost` or `superseded` (its writer gone before it finished) has no
+/// assistant turn. `statuses`: the runs to check, by id.
+pub fn check_states(
+    blocks: &[RunBlock],
+    statuses: &HashMap<String, store_pb::RunStatus>,
+) -> Result<(), String> {
+    use store_pb::RunStatus as S;
+    for (run, status) in statuses {
+        let roles = blocks
+            .iter()
+            .find(|(id, _)| id == run)
+            .map(|(_, roles)| roles.as_slice())
+            .unwrap_or_default();
+        let answers = roles.iter().filter(|r| *r == "assistant").count();
+        let fits = match status {
+            S::Ok => roles == ["user", "assistant"],
+            S::Lost | S::Superseded => answers == 0,
+            _ => true,
+        };
+        if !fits {
+            return Err(format!("{run} ended {status:?} with turns {roles:?}"));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_states_check_refuses_answers_that_do_not_fit_the_end() {
+        use store_pb::RunStatus as S;
+        let blocks = [
+            block("ok", &["user", "assistant"]),
+            block("lost", &["user"]),
+        ];
+        let statuses = |pairs: &[(&str, S)]| -> HashMap<String, S> {
+            pairs.iter().map(|(r, s)| (r.to_string(), *s)).collect()
+        };
+        let fine = statuses(&[("ok", S::Ok), ("lost", S::Lost)]);
+        assert!(check_states(&blocks, &fine).is_ok());
+        // An ok run without its answer; a lost run with one.
+        assert!(check_states(&blocks, &statuses(&[("lost", S::Ok)])).is_err());
+        assert!(check_states(&blocks, &statuses(&[("ok", S::Lost)])).is_err());
+        assert!(check_states(&blocks, &statuses(&[("absent", S::Ok)])).is_err());
+    }
 
     fn block(run: &str, roles: &[&str]) -> RunBlock {
         (run.into(), roles.iter().map(|r| r.to_string()).collect())

@@ -1,26 +1,22 @@
 //! A protocol client for tests that inject faults: it reports failures
 //! (closed, timed out, refused) instead of panicking, so that the caller
 //! retries with the same idempotency key through whichever edge answers,
-//! and it notes every run end it sees on the way.
+//! and it notes every run end it sees on the way. The shared protocol
+//! client's [`Connection`] does the protocol.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use clawgate_client::{ConnectParams, Connection, OpenOptions};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::cluster::TOKEN;
-
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+use crate::client::{TOKEN, client_info};
 
 /// A client connection that reports failures instead of panicking.
 pub struct Conn {
-    ws: Ws,
-    next_id: u64,
+    connection: Connection,
     /// Runs whose end this connection saw, with the end's state.
     pub ends: HashMap<String, String>,
 }
@@ -30,68 +26,40 @@ pub const STEP: Duration = Duration::from_secs(10);
 
 impl Conn {
     pub async fn open(url: &str) -> Result<Self, String> {
-        let (ws, _) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
-            .await
-            .map_err(|_| "connect timed out".to_owned())?
-            .map_err(|e| e.to_string())?;
-        let mut conn = Self {
-            ws,
-            next_id: 0,
-            ends: HashMap::new(),
-        };
-        let params = json!({
-            "minProtocol": 4, "maxProtocol": 4,
-            "client": { "id": "test", "version": "test", "platform": "linux", "mode": "test" },
-            "auth": { "token": TOKEN }, "role": "operator",
-            "scopes": ["operator.read", "operator.write"],
-        });
-        let hello = conn.request("connect", params).await?;
-        if hello["ok"] != true {
-            return Err(format!("connect refused: {hello}"));
-        }
-        Ok(conn)
-    }
-
-    /// Reads one frame, noting run ends.
-    pub async fn frame(&mut self, deadline: Instant) -> Result<Value, String> {
-        loop {
-            let message = tokio::time::timeout_at(deadline, self.ws.next())
-                .await
-                .map_err(|_| "timed out".to_owned())?;
-            let text = match message {
-                Some(Ok(Message::Text(text))) => text,
-                Some(Ok(Message::Close(_))) | None => return Err("closed".into()),
-                Some(Err(e)) => return Err(e.to_string()),
-                Some(Ok(_)) => continue,
-            };
-            let frame: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-            let payload = &frame["payload"];
-            if frame["event"] == "chat"
-                && let (Some(run), Some(state)) =
-                    (payload["runId"].as_str(), payload["state"].as_str())
-                && matches!(state, "final" | "error" | "aborted")
-            {
-                self.ends.insert(run.to_owned(), state.to_owned());
-            }
-            return Ok(frame);
-        }
-    }
-
-    pub async fn request(&mut self, method: &str, params: Value) -> Result<Value, String> {
-        self.next_id += 1;
-        let id = format!("c{}", self.next_id);
-        let frame = json!({ "type": "req", "id": id, "method": method, "params": params });
-        self.ws
-            .send(Message::text(frame.to_string()))
-            .await
-            .map_err(|e| e.to_string())?;
+        let params = ConnectParams::operator(client_info(), &["operator.read", "operator.write"])
+            .token(TOKEN);
         let deadline = Instant::now() + STEP;
-        loop {
-            let frame = self.frame(deadline).await?;
-            if frame["type"] == "res" && frame["id"] == id {
-                return Ok(frame);
-            }
+        let connection = Connection::connect(url, &OpenOptions::default(), &params, deadline)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            connection,
+            ends: HashMap::new(),
+        })
+    }
+
+    /// Notes the end of the run `event` says ended, if it does.
+    fn note(&mut self, event: &Value) {
+        let payload = &event["payload"];
+        if event["event"] == "chat"
+            && let (Some(run), Some(state)) = (payload["runId"].as_str(), payload["state"].as_str())
+            && matches!(state, "final" | "error" | "aborted")
+        {
+            self.ends.insert(run.to_owned(), state.to_owned());
         }
+    }
+
+    /// Sends a request; its response frame (`ok` true or false), or why
+    /// there is none.
+    pub async fn request(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        let answer = self
+            .connection
+            .call(method, params, Some(Instant::now() + STEP))
+            .await;
+        for event in self.connection.take_events() {
+            self.note(&event);
+        }
+        Ok(answer.map_err(|e| e.to_string())?.frame)
     }
 
     /// Waits for `run_id`'s end (noted before, or still to come).
@@ -101,8 +69,52 @@ impl Conn {
             if let Some(state) = self.ends.get(run_id) {
                 return Ok(state.clone());
             }
-            self.frame(deadline).await?;
+            let event = self
+                .connection
+                .next_event(Some(deadline))
+                .await
+                .map_err(|e| e.to_string())?;
+            self.note(&event);
         }
+    }
+}
+
+/// A client's connection to one of several edges: opened on the next edge
+/// in turn after a failure. The edges' URLs are shared with whoever
+/// restarts them (a restarted edge has another address).
+pub struct Link {
+    urls: Arc<Mutex<Vec<String>>>,
+    pick: usize,
+    conn: Option<Conn>,
+}
+
+impl Link {
+    /// A link that first tries the edge after `first` (modulo their count).
+    pub fn new(urls: Arc<Mutex<Vec<String>>>, first: usize) -> Self {
+        Self {
+            urls,
+            pick: first,
+            conn: None,
+        }
+    }
+
+    /// The open connection, or a new one to the next edge.
+    pub async fn conn(&mut self) -> Result<&mut Conn, String> {
+        if self.conn.is_none() {
+            self.pick += 1;
+            let url = {
+                let urls = self.urls.lock().unwrap();
+                urls[self.pick % urls.len()].clone()
+            };
+            let conn = Conn::open(&url).await.map_err(|e| format!("{url}: {e}"))?;
+            self.conn = Some(conn);
+        }
+        Ok(self.conn.as_mut().expect("opened above"))
+    }
+
+    /// Drops the connection: the next use opens one to the next edge.
+    pub fn failed(&mut self) {
+        self.conn = None;
     }
 }
 

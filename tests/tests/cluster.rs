@@ -2,13 +2,13 @@
 //! coordinator and store running as separate processes, and the trace
 //! receiver the services can export to is up.
 
-use clawgate_system_tests::{Cluster, TraceReceiver};
+use clawgate_system_tests::{System, TraceReceiver};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_run_crosses_all_three_processes() {
     let receiver = TraceReceiver::start().await;
-    let cluster = Cluster::builder()
+    let cluster = System::builder()
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .start()

@@ -13,9 +13,7 @@ use clawgate_proto::run_coordinator::v1 as pb;
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
-use clawgate_system_tests::cluster::start_coordinator;
-use clawgate_system_tests::{Cluster, Role};
-use tokio::time::Instant;
+use clawgate_system_tests::{System, wait_for};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -40,11 +38,11 @@ async fn snapshot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_coordinator_takes_over_and_the_first_stops() {
     // Each run takes about 4 × 500 ms on the first coordinator.
-    let mut cluster = Cluster::builder()
+    let mut cluster = System::builder()
         .echo(4, Duration::from_millis(500))
         .start()
         .await;
-    let mut first = coordinator(cluster.coordinator.url()).await;
+    let mut first = coordinator(cluster.coordinator().url()).await;
     let run_id = uuid::Uuid::new_v4().to_string();
     first
         .submit(pb::SubmitRequest {
@@ -56,29 +54,18 @@ async fn a_second_coordinator_takes_over_and_the_first_stops() {
         })
         .await
         .unwrap();
-    let until = Instant::now() + DEADLINE;
-    while snapshot(&mut first, &run_id).await.status != store_pb::RunStatus::Running as i32 {
-        assert!(Instant::now() < until, "the run never started");
-        tokio::task::yield_now().await;
-    }
-
-    // The second coordinator starts on the same store while the run executes.
-    let second = start_coordinator(
-        &cluster.store.url(),
-        &[
-            "--runtime",
-            "echo",
-            "--echo-chunks",
-            "1",
-            "--echo-pace",
-            "1ms",
-        ],
-    )
+    wait_for("the run to start", DEADLINE, async || {
+        snapshot(&mut first, &run_id).await.status == store_pb::RunStatus::Running as i32
+    })
     .await;
 
+    // The second coordinator starts on the same store while the run executes.
+    let fast = cluster.coordinator_spec().echo(1, Duration::from_millis(1));
+    let second = cluster.add_coordinator(fast).await;
+
     // The first one's next write is refused: it stops, non-zero, saying why.
-    let status = cluster.coordinator.wait_exit(DEADLINE).await;
-    let output = cluster.process(Role::Coordinator).output().join("\n");
+    let status = cluster.coordinators[0].process.wait_exit(DEADLINE).await;
+    let output = cluster.coordinator().output_text();
     assert!(
         !status.success(),
         "the first coordinator exited cleanly:\n{output}"
@@ -90,14 +77,14 @@ async fn a_second_coordinator_takes_over_and_the_first_stops() {
 
     // The run was settled once, by the new owner, as lost; its result was
     // never written: no assistant turn of it in the transcript.
-    let mut second_client = coordinator(second.url()).await;
+    let mut second_client = coordinator(cluster.coordinators[second].url()).await;
     let settled = snapshot(&mut second_client, &run_id).await;
     assert_eq!(
         settled.status,
         store_pb::RunStatus::Lost as i32,
         "{settled:?}"
     );
-    let mut store = SessionStoreClient::connect(cluster.store.url())
+    let mut store = SessionStoreClient::connect(cluster.store_url())
         .await
         .unwrap();
     let history = store

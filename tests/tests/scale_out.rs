@@ -31,14 +31,14 @@ use std::time::Duration;
 
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_system_tests::fuzz_seeds::env_or;
-use clawgate_system_tests::ha::{self, RENEW, TTL};
-use clawgate_system_tests::process::Process;
 use clawgate_system_tests::records::{is_terminal, run_record};
 use clawgate_system_tests::rng::SplitMix;
 use clawgate_system_tests::runtime::CountingRuntime;
-use clawgate_system_tests::slot::CoordinatorSlot;
-use clawgate_system_tests::transcript::{check_lane_order, run_blocks};
-use clawgate_system_tests::turns::{Conn, send};
+use clawgate_system_tests::sandbox::Backend;
+use clawgate_system_tests::system::{CoordinatorSpec, RENEW, Runtime, System, TTL};
+use clawgate_system_tests::transcript::{check_lane_order, check_states, run_blocks};
+use clawgate_system_tests::turns::{Link, send};
+use clawgate_system_tests::wait::{Pacer, poll};
 use serde_json::json;
 use store_pb::session_store_client::SessionStoreClient;
 use tokio::time::Instant;
@@ -62,54 +62,44 @@ const BALANCED: &[&str] = &[
     "8",
 ];
 
-/// A coordinator slot, and whether the test keeps it down on purpose (the
-/// killed one, until its restart).
-struct Place {
-    slot: CoordinatorSlot,
-    down: bool,
-}
-
-struct System {
+/// The system under test (one store on PostgreSQL, three balanced
+/// lease-mode coordinators behind fault links, two edges), and what the
+/// test did to it.
+struct Scale {
+    system: System,
     runtime: CountingRuntime,
-    store: Process,
-    slots: Vec<Place>,
-    edges: Vec<Process>,
+    /// Per coordinator: whether the test keeps it down on purpose (the
+    /// killed one, until its restart).
+    down: Vec<bool>,
     store_client: SessionStoreClient<Channel>,
     /// Why each restarted coordinator had stopped (its log's reason).
     restarts: Vec<String>,
 }
 
-impl System {
-    async fn start(schema: &str) -> Self {
+impl Scale {
+    async fn start() -> Self {
         let runtime = CountingRuntime::start(Duration::from_millis(400)).await;
-        let partitions = PARTITIONS.to_string();
-        let store = ha::start_pg_store_with(schema, &["--partitions", &partitions]).await;
-        let mut slots = Vec::new();
-        for _ in 0..COORDINATORS {
-            let slot = CoordinatorSlot::start(store.address, &runtime, BALANCED).await;
-            slots.push(Place { slot, down: false });
-        }
-        let fronts: Vec<String> = slots.iter().map(|p| p.slot.front.url()).collect();
-        let mut edges = Vec::new();
-        for _ in 0..2 {
-            edges.push(ha::start_edge(&store.url(), &fronts.join(",")).await);
-        }
-        let store_client = SessionStoreClient::connect(store.url()).await.unwrap();
+        let lease = CoordinatorSpec::lease(Runtime::Grpc(runtime.url()), Duration::from_secs(2))
+            .args(BALANCED);
+        let system = System::builder()
+            .backend(Backend::Postgres)
+            .store_args(&["--partitions", &PARTITIONS.to_string()])
+            .coordinator(lease)
+            .coordinators(COORDINATORS)
+            .edges(2)
+            .fault_links()
+            .start()
+            .await;
+        let store_client = SessionStoreClient::connect(system.store_url())
+            .await
+            .unwrap();
         Self {
+            system,
             runtime,
-            store,
-            slots,
-            edges,
+            down: vec![false; COORDINATORS],
             store_client,
             restarts: Vec::new(),
         }
-    }
-
-    fn edge_urls(&self) -> Vec<String> {
-        self.edges
-            .iter()
-            .map(|e| format!("ws://{}", e.address))
-            .collect()
     }
 
     async fn leases(&mut self) -> store_pb::ListLeasesResponse {
@@ -134,26 +124,29 @@ impl System {
 
     /// Waits until every partition is held, spread over `members` members.
     async fn until_spread(&mut self, members: usize, what: &str) {
-        let until = Instant::now() + DRAIN;
-        loop {
-            self.heal().await;
-            let holders = self.holders().await;
-            let held: usize = holders.values().sum();
-            if held == PARTITIONS as usize && holders.len() == members {
-                return;
-            }
-            assert!(
-                Instant::now() < until,
-                "{what}: the partitions never spread over {members} ({holders:?}):\n{}",
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let spread = poll(
+            format!("{what}: the partitions to spread over {members}"),
+            DRAIN,
+            async || {
+                self.heal().await;
+                let holders = self.holders().await;
+                let held: usize = holders.values().sum();
+                if held == PARTITIONS as usize && holders.len() == members {
+                    Ok(())
+                } else {
+                    Err(format!("{holders:?}"))
+                }
+            },
+        )
+        .await;
+        if let Err(timed_out) = spread {
+            panic!("{timed_out}:\n{}", self.system.output());
         }
     }
 
-    /// The slot of the member executing the most runs now, with its member
-    /// id.
-    async fn busiest(&mut self) -> (usize, String) {
+    /// The coordinator executing the most runs now, with its member id and
+    /// how many it executes.
+    async fn busiest(&mut self) -> (usize, String, usize) {
         let active = self
             .store_client
             .list_active_runs(store_pb::ListActiveRunsRequest { owner: None })
@@ -171,66 +164,50 @@ impl System {
         let mut best: Option<(usize, String, usize)> = None;
         for lease in &table.leases {
             let Some(owner) = &lease.owner else { continue };
-            let Some(slot) = self
-                .slots
+            let Some(n) = self
+                .system
+                .coordinators
                 .iter()
-                .position(|p| p.slot.front.url() == lease.address)
+                .position(|c| c.url() == lease.address)
             else {
                 continue;
             };
             let count = running.get(owner).copied().unwrap_or(0);
-            if best.as_ref().is_none_or(|(_, _, n)| count > *n) {
-                best = Some((slot, owner.clone(), count));
+            if best.as_ref().is_none_or(|(_, _, most)| count > *most) {
+                best = Some((n, owner.clone(), count));
             }
         }
-        let (slot, member, _) = best.expect("some member holds partitions");
-        (slot, member)
+        best.expect("some member holds partitions")
     }
 
     /// Restarts a coordinator that stopped by itself (lost its tenure) once
     /// it can reach the store again, as a pod would be.
     async fn heal(&mut self) {
-        for place in &mut self.slots {
-            let slot = &mut place.slot;
-            if !place.down && !slot.store_link.is_partitioned() && slot.process.exited() {
-                let output = slot.process.output();
+        for n in 0..self.system.coordinators.len() {
+            let coordinator = &mut self.system.coordinators[n];
+            if !self.down[n]
+                && !coordinator.store_link().is_partitioned()
+                && coordinator.process.exited()
+            {
+                let output = coordinator.process.output();
                 let why = output
                     .iter()
                     .find(|line| line.contains("ownership lost"))
                     .map_or("started again", String::as_str);
                 self.restarts.push(why.chars().take(300).collect());
-                slot.restart(&self.runtime).await;
+                self.system.restart_coordinator(n).await;
             }
         }
     }
 
-    /// Waits until the coordinator in `slot` has exited by itself, healing
-    /// the others meanwhile.
-    async fn until_exited(&mut self, slot: usize, why: &str) {
-        let until = Instant::now() + DRAIN;
-        while !self.slots[slot].slot.process.exited() {
-            assert!(
-                Instant::now() < until,
-                "the coordinator {why} never stopped:\n{}",
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    /// Waits until coordinator `n` has exited by itself.
+    async fn until_exited(&mut self, n: usize, why: &str) {
+        let what = format!("the coordinator {why} to stop");
+        let coordinator = &mut self.system.coordinators[n];
+        let exited = poll(what, DRAIN, async || coordinator.process.exited()).await;
+        if let Err(timed_out) = exited {
+            panic!("{timed_out}:\n{}", self.system.output());
         }
-    }
-
-    fn output(&self) -> String {
-        let store = std::iter::once(("store".to_owned(), &self.store));
-        let coordinators = self
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(i, place)| (format!("coordinator {i}"), &place.slot.process));
-        let edges = self
-            .edges
-            .iter()
-            .enumerate()
-            .map(|(i, edge)| (format!("edge {i}"), edge));
-        ha::logs(store.chain(coordinators).chain(edges))
     }
 }
 
@@ -250,28 +227,10 @@ struct Journal {
     retries: AtomicUsize,
 }
 
-/// A client's connection to one of the edges, opened again after a
-/// failure on the next edge.
-struct Link {
-    urls: Vec<String>,
-    pick: usize,
-    conn: Option<Conn>,
-}
-
-impl Link {
-    async fn conn(&mut self) -> Result<&mut Conn, String> {
-        if self.conn.is_none() {
-            self.pick += 1;
-            let url = &self.urls[self.pick % self.urls.len()];
-            self.conn = Some(Conn::open(url).await.map_err(|e| format!("{url}: {e}"))?);
-        }
-        Ok(self.conn.as_mut().expect("opened above"))
-    }
-
-    fn failed(&mut self, journal: &Journal) {
-        self.conn = None;
-        journal.retries.fetch_add(1, Ordering::Relaxed);
-    }
+/// Drops `link`'s connection after a failure, counting the retry.
+fn failed(link: &mut Link, journal: &Journal) {
+    link.failed();
+    journal.retries.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Sends `run_id` until it is acknowledged (or answered with its end).
@@ -283,7 +242,8 @@ async fn send_until_acked(
     mode: &str,
     acked: &mut bool,
 ) -> Result<String, String> {
-    let deadline = Instant::now() + DRAIN;
+    // A loop, not `poll`: this runs in a spawned task.
+    let mut pacer = Pacer::new(format!("{run_id} to be acked"), DRAIN);
     loop {
         let result = match link.conn().await {
             Ok(conn) => send(conn, session, run_id, mode, acked).await,
@@ -291,12 +251,9 @@ async fn send_until_acked(
         };
         match result {
             Ok(answer) => return Ok(answer),
-            Err(e) if Instant::now() > deadline => {
-                return Err(format!("{run_id} never acked: {e}"));
-            }
-            Err(_) => {
-                link.failed(journal);
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            Err(e) => {
+                failed(link, journal);
+                pacer.pause(Some(e)).await.map_err(|e| e.to_string())?;
             }
         }
     }
@@ -305,52 +262,55 @@ async fn send_until_acked(
 /// Waits for `run_id`'s end: from the events the connection saw, else by
 /// `agent.wait` (routed by the run), through any edge.
 async fn end_of(link: &mut Link, journal: &Journal, run_id: &str) -> Result<String, String> {
-    let deadline = Instant::now() + DRAIN;
+    // A loop, not `poll`: this runs in a spawned task.
+    let mut pacer = Pacer::new(format!("{run_id} to end"), DRAIN);
     loop {
-        if Instant::now() > deadline {
-            return Err(format!("{run_id} never ended"));
-        }
-        let conn = match link.conn().await {
-            Ok(conn) => conn,
-            Err(_) => {
-                link.failed(journal);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
+        let not_yet = match link.conn().await {
+            Err(e) => {
+                failed(link, journal);
+                e
+            }
+            Ok(conn) => {
+                if let Some(end) = conn.ends.get(run_id) {
+                    return Ok(format!("{end} (event)"));
+                }
+                let waited = conn
+                    .request("agent.wait", json!({ "runId": run_id, "timeoutMs": 2_000 }))
+                    .await;
+                match waited {
+                    Ok(answer) if answer["ok"] == true => {
+                        match answer["payload"]["status"].as_str() {
+                            Some("ok") => return Ok("final (agent.wait)".into()),
+                            Some("error") => return Ok("error (agent.wait)".into()),
+                            _ => format!("not over: {answer}"),
+                        }
+                    }
+                    Ok(answer) => format!("agent.wait refused: {answer}"),
+                    Err(e) => {
+                        failed(link, journal);
+                        e
+                    }
+                }
             }
         };
-        if let Some(end) = conn.ends.get(run_id) {
-            return Ok(format!("{end} (event)"));
-        }
-        let waited = conn
-            .request("agent.wait", json!({ "runId": run_id, "timeoutMs": 2_000 }))
-            .await;
-        match waited {
-            Ok(answer) if answer["ok"] == true => match answer["payload"]["status"].as_str() {
-                Some("ok") => return Ok("final (agent.wait)".into()),
-                Some("error") => return Ok("error (agent.wait)".into()),
-                _ => {}
-            },
-            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            Err(_) => link.failed(journal),
-        }
+        pacer
+            .pause(Some(not_yet))
+            .await
+            .map_err(|e| e.to_string())?;
     }
 }
 
 /// A session's client: turns until `stop`, up to `WINDOW` in flight.
 async fn session_client(
     session: usize,
-    urls: Vec<String>,
+    urls: Arc<Mutex<Vec<String>>>,
     journal: Arc<Journal>,
     stop: Arc<AtomicBool>,
     seed: u64,
 ) -> Result<(), String> {
     let key = format!("scale-{session}");
     let mut rng = SplitMix(seed ^ (session as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let mut link = Link {
-        urls,
-        pick: session,
-        conn: None,
-    };
+    let mut link = Link::new(urls, session);
     let mut in_flight: VecDeque<usize> = VecDeque::new();
     let mut sent: Vec<Sent> = Vec::new();
     let mut turn = 0;
@@ -385,15 +345,17 @@ async fn session_client(
 /// How long each of `partitions` took to be held by a live member other
 /// than `gone`, from `since`.
 async fn takeover_times(
-    system: &mut System,
+    scale: &mut Scale,
     gone: &str,
     partitions: &[u32],
     since: Instant,
 ) -> Vec<Duration> {
     let mut times: HashMap<u32, Duration> = HashMap::new();
-    let until = Instant::now() + DRAIN;
+    // Every 20 ms: each time is measured to within that.
+    let what = "the killed member's partitions to move";
+    let mut sampling = Pacer::steady(what, DRAIN, Duration::from_millis(20));
     while times.len() < partitions.len() {
-        let table = system.leases().await;
+        let table = scale.leases().await;
         for lease in &table.leases {
             let moved = lease.owner.as_deref().is_some_and(|o| o != gone)
                 && lease.expires_at_ms > table.now_ms;
@@ -403,11 +365,11 @@ async fn takeover_times(
                     .or_insert_with(|| since.elapsed());
             }
         }
-        assert!(
-            Instant::now() < until,
-            "the killed member's partitions never moved"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        if times.len() < partitions.len()
+            && let Err(timed_out) = sampling.pause(None).await
+        {
+            panic!("{timed_out}");
+        }
     }
     let mut times: Vec<Duration> = times.into_values().collect();
     times.sort();
@@ -419,9 +381,8 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
     let seed: u64 = env_or("SCALE_SEED", 0x5ca1_ab1e);
     clawgate_system_tests::report(&format!("scale-out: seed {seed}"));
     let mut rng = SplitMix(seed);
-    let schema = format!("scale_{}", uuid::Uuid::new_v4().simple());
-    let mut system = System::start(&schema).await;
-    system.until_spread(COORDINATORS, "at start").await;
+    let mut scale = Scale::start().await;
+    scale.until_spread(COORDINATORS, "at start").await;
 
     let journal = Arc::new(Journal::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -429,7 +390,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
         .map(|s| {
             tokio::spawn(session_client(
                 s,
-                system.edge_urls(),
+                Arc::new(Mutex::new(scale.system.edge_urls())),
                 journal.clone(),
                 stop.clone(),
                 seed,
@@ -439,8 +400,17 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
     tokio::time::sleep(rng.millis(2_000, 3_000)).await;
 
     // 1. SIGKILL the member executing the most runs.
-    let (killed, killed_member) = system.busiest().await;
-    let table = system.leases().await;
+    // The kill must find runs executing, or what it proves of them is
+    // vacuous.
+    let (killed, killed_member) = {
+        let busy = poll("a coordinator executing runs", DRAIN, async || {
+            let (n, member, executing) = scale.busiest().await;
+            (executing > 0).then_some((n, member))
+        })
+        .await;
+        busy.unwrap_or_else(|timed_out| panic!("{timed_out}:\n{}", scale.system.output()))
+    };
+    let table = scale.leases().await;
     let its_partitions: Vec<u32> = table
         .leases
         .iter()
@@ -448,9 +418,9 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
         .map(|l| l.partition)
         .collect();
     let killed_at = Instant::now();
-    system.slots[killed].down = true;
-    system.slots[killed].slot.process.kill().await;
-    let executing_on_killed: Vec<String> = system
+    scale.down[killed] = true;
+    scale.system.coordinators[killed].process.kill().await;
+    let executing_on_killed: Vec<String> = scale
         .store_client
         .list_active_runs(store_pb::ListActiveRunsRequest {
             owner: Some(killed_member.clone()),
@@ -463,22 +433,35 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
         .filter(|r| r.status == store_pb::RunStatus::Running as i32)
         .map(|r| r.run_id)
         .collect();
-    let takeover = takeover_times(&mut system, &killed_member, &its_partitions, killed_at).await;
+    let takeover = takeover_times(&mut scale, &killed_member, &its_partitions, killed_at).await;
+    assert!(
+        !executing_on_killed.is_empty(),
+        "no run was executing on the killed coordinator: the test would prove nothing of them"
+    );
+    // The lease's expiry (the TTL after the last renewal) and one placement
+    // round, with a renew interval to spare for recovery and a loaded
+    // machine: a takeover past it waits for something it should not.
+    let bound = TTL + 3 * RENEW;
+    let slowest = *takeover.last().expect("the killed member held partitions");
+    assert!(
+        slowest <= bound,
+        "taking over the killed member's partitions took {slowest:?}, more than TTL + 3 × renew ({bound:?})"
+    );
     tokio::time::sleep(rng.millis(1_000, 2_000)).await;
 
     // 2. SIGSTOP another for twice the TTL: its leases lapse and move; on
     // SIGCONT its first acts are refused, and it stops.
     let others: Vec<usize> = (0..COORDINATORS).filter(|s| *s != killed).collect();
     let stopped = others[rng.below(others.len() as u64) as usize];
-    let stale_before = ha::stale_owner_refusals(&system.store).await;
-    system.slots[stopped].slot.process.signal("STOP");
+    let stale_before = scale.system.stale_owner_refusals().await;
+    scale.system.coordinators[stopped].process.signal("STOP");
     tokio::time::sleep(2 * TTL).await;
-    system.slots[stopped].slot.process.signal("CONT");
-    system
+    scale.system.coordinators[stopped].process.signal("CONT");
+    scale
         .until_exited(stopped, "stopped for longer than its lease")
         .await;
-    let stale_after_stop = ha::stale_owner_refusals(&system.store).await;
-    system.heal().await;
+    let stale_after_stop = scale.system.stale_owner_refusals().await;
+    scale.heal().await;
     tokio::time::sleep(rng.millis(1_000, 2_000)).await;
 
     // 3. Partition the third from the store for twice the TTL: it fences
@@ -486,20 +469,22 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
     let third = (0..COORDINATORS)
         .find(|s| *s != killed && *s != stopped)
         .expect("three coordinators");
-    system
+    scale
         .until_spread(COORDINATORS - 1, "before the partition")
         .await;
-    system.slots[third].slot.store_link.partition(2 * TTL);
-    system
+    scale.system.coordinators[third]
+        .store_link()
+        .partition(2 * TTL);
+    scale
         .until_exited(third, "partitioned from the store")
         .await;
-    let stale_after_cut = ha::stale_owner_refusals(&system.store).await;
-    system.heal().await;
+    let stale_after_cut = scale.system.stale_owner_refusals().await;
+    scale.heal().await;
 
     // 4. Restart the killed one: the partitions rebalance onto it.
-    system.slots[killed].down = false;
-    system.heal().await;
-    system.until_spread(COORDINATORS, "after the restart").await;
+    scale.down[killed] = false;
+    scale.heal().await;
+    scale.until_spread(COORDINATORS, "after the restart").await;
     tokio::time::sleep(rng.millis(1_000, 2_000)).await;
 
     stop.store(true, Ordering::Relaxed);
@@ -510,12 +495,12 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
             Err(_) => Err("timed out".into()),
         };
         if let Err(e) = outcome {
-            panic!("a client failed: {e}\n{}", system.output());
+            panic!("a client failed: {e}\n{}", scale.system.output());
         }
     }
 
     // Checks.
-    let executions = system.runtime.executions();
+    let executions = scale.runtime.executions();
     let duplicates: Vec<_> = executions.iter().filter(|(_, n)| **n > 1).collect();
     let runs = journal.runs.lock().unwrap().clone();
     let mut missing = Vec::new();
@@ -523,7 +508,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
     let mut record_status: HashMap<String, (store_pb::RunStatus, String)> = HashMap::new();
     for sent in runs.values() {
         for run in sent {
-            let record = run_record(&mut system.store_client, &run.run_id).await;
+            let record = run_record(&mut scale.store_client, &run.run_id).await;
             let Some(record) = record else {
                 if run.acknowledged {
                     missing.push(run.run_id.clone());
@@ -536,7 +521,8 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
                 missing.push(format!("{} ({status:?})", run.run_id));
             }
             if run.ended.as_deref().is_some_and(|e| e.starts_with("final")) && status != S::Ok {
-                let logs: Vec<String> = system
+                let logs: Vec<String> = scale
+                    .system
                     .output()
                     .lines()
                     .filter(|l| l.contains(&run.run_id) || l.starts_with("===="))
@@ -565,7 +551,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
     let mut lane_violations = Vec::new();
     for (session, sent) in &runs {
         let key = format!("scale-{session}");
-        let blocks = run_blocks(&mut system.store_client, &key).await;
+        let blocks = run_blocks(&mut scale.store_client, &key).await;
         let order: Vec<&str> = sent.iter().map(|r| r.run_id.as_str()).collect();
         let jumpers: HashSet<&str> = sent
             .iter()
@@ -573,6 +559,13 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
             .map(|r| r.run_id.as_str())
             .collect();
         if let Err(e) = check_lane_order(&blocks, &order, &jumpers) {
+            lane_violations.push(format!("{key}: {e}"));
+        }
+        let ends: HashMap<String, store_pb::RunStatus> = sent
+            .iter()
+            .filter_map(|r| Some((r.run_id.clone(), record_status.get(&r.run_id)?.0)))
+            .collect();
+        if let Err(e) = check_states(&blocks, &ends) {
             lane_violations.push(format!("{key}: {e}"));
         }
     }
@@ -590,7 +583,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
         })
         .map(|id| (id, record_status[id].clone()))
         .collect();
-    let table = system.leases().await;
+    let table = scale.leases().await;
     let takes: u64 = table.leases.iter().map(|l| l.epoch).sum::<u64>() - u64::from(PARTITIONS);
     let total: usize = runs.values().map(Vec::len).sum();
     let ms = |d: &Duration| d.as_millis();
@@ -599,7 +592,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
          retries {}, takeover of {} partitions p50 {} ms max {} ms (goal {} ms), \
          STALE_OWNER refusals: stop phase {}, partition phase {}, record statuses {statuses:?}, \
          executing on the killed pod {}, duplicates {}, missing or not terminal {}, lane violations {}, killed not lost {}",
-        system.restarts.len(),
+        scale.restarts.len(),
         journal.retries.load(Ordering::Relaxed),
         takeover.len(),
         ms(&takeover[takeover.len() / 2]),
@@ -613,7 +606,7 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
         lane_violations.len(),
         killed_not_lost.len(),
     ));
-    for why in &system.restarts {
+    for why in &scale.restarts {
         clawgate_system_tests::report(&format!("scale-out: restarted after: {why}"));
     }
     assert!(
@@ -641,8 +634,5 @@ async fn three_coordinators_share_the_partitions_through_kill_stop_and_partition
         total >= SESSIONS * WINDOW,
         "the clients got little done: {total}"
     );
-    drop(system);
-    session_store::backend::postgres::drop_schema(&ha::postgres_url(), &schema)
-        .await
-        .expect("drop the test's schema");
+    scale.system.finish().await;
 }

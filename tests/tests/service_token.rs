@@ -6,7 +6,7 @@
 
 use clawgate_proto::run_coordinator::v1 as coordinator_pb;
 use clawgate_proto::session_store::v1 as store_pb;
-use clawgate_system_tests::cluster::Cluster;
+use clawgate_system_tests::System;
 use coordinator_pb::run_coordinator_client::RunCoordinatorClient;
 use serde_json::json;
 use store_pb::session_store_client::SessionStoreClient;
@@ -32,7 +32,7 @@ fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_services_require_the_service_token_between_them() {
-    let cluster = Cluster::builder()
+    let cluster = System::builder()
         .env("CLAWGATE_SERVICE_TOKEN", SECRET)
         .start()
         .await;
@@ -49,8 +49,8 @@ async fn the_services_require_the_service_token_between_them() {
     let end = client.chat_end("t-1").await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
 
-    let mut store = SessionStoreClient::new(channel(cluster.store.url()).await);
-    let mut coordinator = RunCoordinatorClient::new(channel(cluster.coordinator.url()).await);
+    let mut store = SessionStoreClient::new(channel(cluster.store().url()).await);
+    let mut coordinator = RunCoordinatorClient::new(channel(cluster.coordinator().url()).await);
     for token in [None, Some("not-the-token"), Some("")] {
         let session = store_pb::GetSessionRequest {
             session_key: "trusted".into(),
@@ -96,7 +96,7 @@ async fn the_services_require_the_service_token_between_them() {
     assert!(run.snapshot.is_some(), "{run:?}");
 
     // Health stays open: Kubernetes' gRPC probes send no header.
-    assert!(clawgate_system_tests::ha::serving(&cluster.coordinator).await);
+    assert!(cluster.coordinators[0].serving().await);
 
     // No process printed the token.
     let output = cluster.output();

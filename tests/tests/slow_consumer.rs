@@ -5,8 +5,7 @@
 //! their send budget (`EDGE_MAX_BUFFERED_BYTES`) holds; a client that reads
 //! gets every run to its end meanwhile.
 
-use clawgate_system_tests::client::EdgeClient;
-use clawgate_system_tests::cluster::{Cluster, Role, TOKEN};
+use clawgate_system_tests::{Client, Role, System};
 use serde_json::json;
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ const SLACK_KIB: u64 = 8 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_never_read_cost_a_bounded_share_of_edge_memory() {
-    let cluster = Cluster::builder()
+    let cluster = System::builder()
         .env_for(
             Role::Edge,
             "EDGE_MAX_BUFFERED_BYTES",
@@ -33,14 +32,17 @@ async fn clients_that_never_read_cost_a_bounded_share_of_edge_memory() {
         .echo(4, Duration::ZERO)
         .start()
         .await;
-    let url = cluster.edge_url();
+    let url = cluster.edge_url(0);
     let mut stuck = Vec::new();
     for _ in 0..STUCK {
         // Connected, then never polled again: nothing is read from here on.
-        stuck.push(EdgeClient::connect(&url, TOKEN, &["operator.read"]).await);
+        stuck.push(Client::connect(&url, &["operator.read"]).await);
     }
     let mut reader = cluster.connect().await;
-    let peak_before = cluster.edge.status_kib("VmHWM").expect("the edge's VmHWM");
+    let peak_before = cluster
+        .edge()
+        .status_kib("VmHWM")
+        .expect("the edge's VmHWM");
 
     let message = "m".repeat(MESSAGE_BYTES);
     for n in 0..RUNS {
@@ -55,11 +57,13 @@ async fn clients_that_never_read_cost_a_bounded_share_of_edge_memory() {
         let end = reader.chat_end(&key).await;
         assert_eq!(end["payload"]["state"], "final", "{end}");
     }
-    let peak_after = cluster.edge.status_kib("VmHWM").expect("the edge's VmHWM");
+    let peak_after = cluster
+        .edge()
+        .status_kib("VmHWM")
+        .expect("the edge's VmHWM");
     // What went to every connection: the events the reader got.
     let pushed_kib: u64 = reader
         .events()
-        .iter()
         .map(|event| event.to_string().len() as u64)
         .sum::<u64>()
         / 1024;

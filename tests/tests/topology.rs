@@ -18,14 +18,14 @@ use std::time::Duration;
 
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
-use clawgate_system_tests::EdgeClient;
-use clawgate_system_tests::balancer::Balancer;
+use clawgate_system_tests::Client;
 use clawgate_system_tests::client::OPERATOR_SCOPES;
-use clawgate_system_tests::cluster::TOKEN;
-use clawgate_system_tests::ha::{self, lease_coordinator, postgres_url};
 use clawgate_system_tests::process::{http_ok, until_ready};
 use clawgate_system_tests::records::run_record;
 use clawgate_system_tests::runtime::CountingRuntime;
+use clawgate_system_tests::sandbox::Backend;
+use clawgate_system_tests::system::{CoordinatorSpec, Runtime, System, chat_run};
+use clawgate_system_tests::wait::{Pacer, until_each_grows};
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -38,52 +38,48 @@ type EdgeUrl = Arc<Mutex<String>>;
 /// Runs acknowledged per client, in order: (runId, how it ended).
 type Seen = Arc<Mutex<BTreeMap<String, Vec<(String, String)>>>>;
 
-/// One attempt at a run on `client` (see `ha::chat_run`); panics, and so
+/// One attempt at a run on `client` (see `chat_run`); panics, and so
 /// ends its task, when the edge goes away.
-async fn attempt(
-    mut client: EdgeClient,
-    session: String,
-    run_id: String,
-) -> (EdgeClient, Option<String>) {
-    let state = ha::chat_run(&mut client, &session, &run_id).await;
+async fn attempt(mut client: Client, session: String, run_id: String) -> (Client, Option<String>) {
+    let state = chat_run(&mut client, &session, &run_id).await;
     (client, state)
 }
 
 async fn client(edge: EdgeUrl, session: String, seen: Seen, stop: Arc<AtomicBool>) {
-    let mut connection: Option<EdgeClient> = None;
+    let mut connection: Option<Client> = None;
     for i in 0.. {
         if stop.load(Ordering::Relaxed) {
             return;
         }
         let run_id = format!("{session}-{i}");
-        let deadline = Instant::now() + DEADLINE;
+        // A loop, not `wait_for`: this runs in a spawned task.
+        let mut pacer = Pacer::new(format!("{run_id} to end"), DEADLINE);
         let state = loop {
-            assert!(Instant::now() < deadline, "{run_id} never ended");
             let open = match connection.take() {
-                Some(open) => open,
+                Some(open) => Some(open),
                 None => {
                     let url = edge.lock().unwrap().clone();
-                    let connect =
-                        async move { EdgeClient::connect(&url, TOKEN, OPERATOR_SCOPES).await };
-                    match tokio::spawn(connect).await {
-                        Ok(open) => open,
-                        Err(_) => {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    }
+                    let connect = async move { Client::connect(&url, OPERATOR_SCOPES).await };
+                    // A connect that panicked (the edge is away) is retried.
+                    tokio::spawn(connect).await.ok()
                 }
             };
             // In a task of its own: a vanished edge ends only this attempt.
-            match tokio::spawn(attempt(open, session.clone(), run_id.clone())).await {
-                Ok((open, Some(state))) => {
-                    connection = Some(open);
+            let attempted = match open {
+                Some(open) => tokio::spawn(attempt(open, session.clone(), run_id.clone()))
+                    .await
+                    .ok(),
+                None => None,
+            };
+            if let Some((open, state)) = attempted {
+                connection = Some(open);
+                if let Some(state) = state {
                     break state;
                 }
-                Ok((open, None)) => connection = Some(open),
-                Err(_) => {}
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Err(timed_out) = pacer.pause(None).await {
+                panic!("{timed_out}");
+            }
         };
         seen.lock()
             .unwrap()
@@ -102,26 +98,34 @@ async fn progress(seen: &Seen, sessions: &[String], more: usize, output: impl Fn
             .map(|s| seen.get(s).map_or(0, Vec::len))
             .collect()
     };
-    ha::until_progress(counts, more, DEADLINE, output).await;
+    let what = format!("every client to finish {more} more runs");
+    until_each_grows(what, counts, more, DEADLINE, output).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
-    let schema = format!("topo_{}", uuid::Uuid::new_v4().simple());
     let runtime = CountingRuntime::start(Duration::from_millis(100)).await;
-    let mut store_a = ha::start_pg_store(&schema).await;
-    let store_b = ha::start_pg_store(&schema).await;
-    let store = Balancer::start(vec![store_a.address, store_b.address]).await;
-    let leader = lease_coordinator(&store.url(), &runtime.url()).await;
-    ha::until_serving(&leader, Instant::now(), DEADLINE).await;
-    let standby = lease_coordinator(&store.url(), &runtime.url()).await;
-    let coordinators = format!("{},{}", leader.url(), standby.url());
-    let mut edge_a = ha::start_edge(&store.url(), &coordinators).await;
-    let edge_b = ha::start_edge(&store.url(), &coordinators).await;
-    for edge in [&edge_a, &edge_b] {
-        until_ready(edge.address, || edge.output().join("\n")).await;
+    let lease = CoordinatorSpec::lease(Runtime::Grpc(runtime.url()), Duration::from_secs(20));
+    // Two store replicas behind a balancer; the leader serves before the
+    // standby starts, and the edges come last, given both.
+    let mut system = System::builder()
+        .backend(Backend::Postgres)
+        .store_replicas(2)
+        .coordinator(lease.clone())
+        .coordinators(0)
+        .edges(0)
+        .start()
+        .await;
+    let leader = system.add_coordinator(lease.clone()).await;
+    system.coordinators[leader]
+        .until_serving(Instant::now(), DEADLINE)
+        .await;
+    let standby = system.add_coordinator(lease.clone()).await;
+    for _ in 0..2 {
+        let edge = system.add_edge().await;
+        until_ready(system.edges[edge].address, || system.output()).await;
     }
-    let urls = [&edge_a, &edge_b].map(|e| Arc::new(Mutex::new(format!("ws://{}", e.address))));
+    let urls = [0, 1].map(|e| Arc::new(Mutex::new(system.edge_url(e))));
 
     let seen: Seen = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -139,21 +143,20 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
             )));
         }
     }
-    let output = || {
+    let output = |system: &System| {
         format!(
             "{}\n{}",
-            edge_b.output().join("\n"),
-            standby.output().join("\n")
+            system.edges[1].output_text(),
+            system.coordinators[standby].process.output_text()
         )
     };
-    progress(&seen, &sessions, 2, output).await;
+    progress(&seen, &sessions, 2, || output(&system)).await;
 
     // One edge is killed and comes back (elsewhere); its clients reconnect.
     let killed = Instant::now();
-    edge_a.kill().await;
-    edge_a = ha::start_edge(&store.url(), &coordinators).await;
-    *urls[0].lock().unwrap() = format!("ws://{}", edge_a.address);
-    progress(&seen, &sessions, 2, output).await;
+    system.restart_edge(0).await;
+    *urls[0].lock().unwrap() = system.edge_url(0);
+    progress(&seen, &sessions, 2, || output(&system)).await;
     clawgate_system_tests::report(&format!(
         "edge killed and restarted: every client 2 runs further after {} ms",
         killed.elapsed().as_millis()
@@ -161,16 +164,21 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
 
     // The coordinator leader is rolled: SIGTERM (a planned handover), then
     // the replacement starts as the new standby.
-    let mut leader = leader;
     let rolled = Instant::now();
-    leader.signal("TERM");
-    let took = ha::until_serving(&standby, rolled, DEADLINE).await;
+    system.coordinators[leader].process.signal("TERM");
+    let took = system.coordinators[standby]
+        .until_serving(rolled, DEADLINE)
+        .await;
     assert!(
-        leader.wait_exit(DEADLINE).await.success(),
+        system.coordinators[leader]
+            .process
+            .wait_exit(DEADLINE)
+            .await
+            .success(),
         "a planned handover exits 0"
     );
-    let _replacement = lease_coordinator(&store.url(), &runtime.url()).await;
-    progress(&seen, &sessions, 2, output).await;
+    system.add_coordinator(lease).await;
+    progress(&seen, &sessions, 2, || output(&system)).await;
     clawgate_system_tests::report(&format!(
         "leader rolled: the standby served after {} ms",
         took.as_millis()
@@ -178,8 +186,8 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
 
     // One store replica is killed; the balancer sends everything to the other.
     let lost_store = Instant::now();
-    store_a.kill().await;
-    progress(&seen, &sessions, 2, output).await;
+    system.stores[0].kill().await;
+    progress(&seen, &sessions, 2, || output(&system)).await;
     clawgate_system_tests::report(&format!(
         "store replica killed: every client 2 runs further after {} ms",
         lost_store.elapsed().as_millis()
@@ -189,7 +197,7 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
     for client in clients {
         client.await.unwrap();
     }
-    for edge in [&edge_a, &edge_b] {
+    for edge in &system.edges {
         assert!(
             http_ok(edge.address, "/readyz").await,
             "{} serves",
@@ -199,7 +207,9 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
     let executions = runtime.executions();
     let twice: Vec<_> = executions.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "runs executed more than once: {twice:?}");
-    let mut records = SessionStoreClient::connect(store.url()).await.unwrap();
+    let mut records = SessionStoreClient::connect(system.store_url())
+        .await
+        .unwrap();
     let seen = seen.lock().unwrap().clone();
     let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
     for (run_id, _) in seen.values().flatten() {
@@ -223,8 +233,5 @@ async fn the_deployed_topology_survives_an_edge_a_leader_and_a_store_replica() {
         "runs acknowledged: {total}, by status: {by_status:?}, executions: {}",
         executions.len()
     ));
-    drop((edge_a, edge_b, standby, store_b));
-    session_store::backend::postgres::drop_schema(&postgres_url(), &schema)
-        .await
-        .unwrap();
+    system.finish().await;
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use clawgate_system_tests::contract::{self, ChatRun};
-use clawgate_system_tests::{Cluster, EdgeClient, Spans, TraceReceiver};
+use clawgate_system_tests::{Client, Spans, System, TraceReceiver};
 use serde_json::{Map, Value, json};
 
 /// How long spans may take to arrive (exports are batched every 100 ms).
@@ -21,9 +21,9 @@ const ECHO_PACE: Duration = Duration::from_millis(100);
 const SESSION: &str = "agent:main:tracing";
 
 /// A receiver, a cluster exporting its spans to it, and a connected client.
-async fn traced_cluster() -> (TraceReceiver, Cluster, EdgeClient) {
+async fn traced_cluster() -> (TraceReceiver, System, Client) {
     let receiver = TraceReceiver::start().await;
-    let cluster = Cluster::builder()
+    let cluster = System::builder()
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .echo(ECHO_CHUNKS, ECHO_PACE)
@@ -48,14 +48,14 @@ fn object(value: Value) -> Map<String, Value> {
 /// Sends `chat.send` on `SESSION`, with the members of `extra` added to the
 /// params and those of `frame` to the request frame, and checks it was
 /// accepted; returns the run id.
-async fn chat_send(client: &mut EdgeClient, message: &str, extra: Value, frame: Value) -> String {
+async fn chat_send(client: &mut Client, message: &str, extra: Value, frame: Value) -> String {
     let run_id = random_hex();
     let mut params = object(json!({
         "sessionKey": SESSION, "message": message, "idempotencyKey": run_id,
     }));
     params.extend(object(extra));
     let id = client
-        .send("chat.send", Value::Object(params), object(frame))
+        .send_request("chat.send", Value::Object(params), object(frame))
         .await;
     let res = client.response(&id).await;
     assert_eq!(res["ok"], true, "chat.send failed: {res}");
@@ -68,7 +68,7 @@ async fn chat_send(client: &mut EdgeClient, message: &str, extra: Value, frame: 
 /// received and the processes' output.
 async fn await_spans<T>(
     receiver: &TraceReceiver,
-    cluster: &Cluster,
+    cluster: &System,
     mut check: impl FnMut(&Spans) -> Result<T, String>,
 ) -> T {
     let mut last = Err("no spans were checked".to_owned());

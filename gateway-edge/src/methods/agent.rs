@@ -2,28 +2,26 @@
 //! `agent.wait` and `agents.list`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use clawgate_proto::run_coordinator::v1 as pb;
+use run_coordinator_api::model::{
+    Admission, QueueMode, RunSnapshot, RunSpec, RunStatus, SubmitRequest,
+};
 use serde_json::{Value, json};
 
-use super::{Answer, backend_error, fail, key_for};
-use crate::conn::Conn;
-use crate::edge::Edge;
-use crate::fanout::{status_name, stop_reason_for};
-use crate::frames::{self, ErrorShape, Request};
-use crate::params::Params;
-use crate::trace;
+use super::{Answer, Call, backend_error, fail, key_for, trace};
+use crate::events::translate::stop_reason_for;
+use crate::protocol::frames::{self, ErrorShape};
+use crate::protocol::params::Params;
+use crate::state::Edge;
+use crate::state::connection::Conn;
 
 /// The terminal snapshot of a run, waiting as long as it takes (the caller
 /// is an `agent` request waiting for its final response).
-async fn until_terminal(edge: &Arc<Edge>, conn: &Conn, run_id: &str) -> Option<pb::RunSnapshot> {
+async fn until_terminal(edge: &Arc<Edge>, conn: &Conn, run_id: &str) -> Option<RunSnapshot> {
     let coordinator = &edge.backends.coordinator;
     loop {
-        let wait = coordinator.wait(pb::WaitRequest {
-            run_id: run_id.to_owned(),
-            timeout_ms: 60_000,
-        });
+        let wait = coordinator.wait(run_id, 60_000);
         let waited = tokio::select! {
             waited = wait => waited,
             () = conn.outbox.closing.cancelled() => return None,
@@ -36,14 +34,15 @@ async fn until_terminal(edge: &Arc<Edge>, conn: &Conn, run_id: &str) -> Option<p
     }
 }
 
-fn agent_final(snapshot: &pb::RunSnapshot) -> Answer {
-    let status = status_name(snapshot.status);
-    let stop_reason = stop_reason_for(status, snapshot.stop_reason.as_deref());
+fn agent_final(snapshot: &RunSnapshot) -> Answer {
+    let status = snapshot.status.as_str();
+    let outcome = &snapshot.outcome;
+    let stop_reason = stop_reason_for(status, outcome.stop_reason.as_deref());
     match status {
         "ok" => Ok(json!({
             "runId": snapshot.run_id, "status": "ok", "summary": "completed",
             "result": {
-                "payloads": [{ "text": snapshot.text }],
+                "payloads": [{ "text": outcome.text }],
                 "meta": frames::without_nulls(json!({
                     "durationMs": snapshot.ended_at_ms.zip(snapshot.started_at_ms).map(|(e, s)| e - s),
                     "stopReason": stop_reason,
@@ -57,7 +56,7 @@ fn agent_final(snapshot: &pb::RunSnapshot) -> Answer {
             "stopReason": stop_reason,
         })),
         _ => {
-            let message = snapshot
+            let message = outcome
                 .error
                 .as_ref()
                 .map_or_else(|| format!("run {status}"), |e| e.message.clone());
@@ -101,14 +100,9 @@ pub(super) const AGENT_KEYS: &[&str] = &[
     "label",
 ];
 
-pub(super) async fn agent(
-    edge: &Arc<Edge>,
-    conn: &Arc<Conn>,
-    request: &Request,
-    received: Instant,
-) -> Answer {
-    let p = Params::new("agent", &request.params, AGENT_KEYS).map_err(fail)?;
-    let attachments = super::attachments::parse(edge, "agent", &request.params)?;
+pub(super) async fn agent(call: &Call<'_>) -> Answer {
+    let (edge, conn, p) = (call.edge, call.conn, &call.params);
+    let attachments = super::attachments::parse(edge, p)?;
     let message = p.required_non_empty("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
     trace::record_run(key);
@@ -136,49 +130,52 @@ pub(super) async fn agent(
         .integer("timeout", 0, 48 * 3600)
         .map_err(fail)?
         .map_or(0, |s| s * 1000);
-    let submit = pb::SubmitRequest {
+    let submit = SubmitRequest {
         run_id: key.to_owned(),
-        session_key: session.as_str().to_owned(),
-        kind: "agent".into(),
-        message: message.to_owned(),
-        queue_mode: pb::QueueMode::Enqueue as i32,
-        timeout_ms,
-        options_json: String::new(),
-        requester: conn.requester.clone(),
-        label: p.string("label").map_err(fail)?.map(str::to_owned),
-        attachments,
+        session_key: session.clone(),
+        spec: RunSpec {
+            kind: "agent".into(),
+            message: message.to_owned(),
+            queue_mode: QueueMode::Enqueue,
+            timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
+            options: json!({}),
+            requester: conn.requester.clone(),
+            label: p.string("label").map_err(fail)?.map(str::to_owned),
+            attachments,
+        },
         // `agent` runs without the session's settings.
-        expected_settings_digest: None,
+        expected_settings: None,
     };
     let coordinator = &edge.backends.coordinator;
-    // Awaited from before its Submit (see `Edge::await_run`).
-    edge.await_run(key);
+    // Awaited from before its Submit (see `FanIn::await_run`).
+    let fanin = &call.events.fanin;
+    fanin.await_run(key);
     let done = match coordinator.submit(submit).await {
         Ok(done) => done,
         Err(status) => {
-            edge.unawait_run(key);
+            fanin.unawait_run(key);
             return Err(backend_error(status));
         }
     };
-    let snapshot = done.snapshot.unwrap_or_default();
-    if done.admission == pb::Admission::Completed as i32 {
-        edge.unawait_run(key);
+    let snapshot = done.snapshot;
+    if done.admission == Admission::Completed {
+        fanin.unawait_run(key);
         return agent_final(&snapshot);
     }
     // The key's run is still being admitted or running: one answer, as the
     // protocol gives a duplicate, and no final on this request (the
     // original request gets it).
-    if done.admission == pb::Admission::InFlight as i32 {
+    if done.admission == Admission::InFlight {
         return Ok(json!({
             "runId": key, "status": "in_flight", "sessionKey": session.as_str(), "agentId": "main",
         }));
     }
     // First response: accepted. The final one follows on the same id.
-    if done.admission == pb::Admission::Accepted as i32 {
-        edge.metrics.acked("agent", received);
+    if done.admission == Admission::Accepted {
+        edge.metrics.acked("agent", call.received);
     }
     conn.outbox.send_frame(frames::ok_response(
-        &request.id,
+        &call.request.id,
         json!({
             "runId": key, "sessionKey": session.as_str(), "agentId": "main",
             "status": "accepted", "acceptedAt": done.accepted_at_ms,
@@ -192,14 +189,14 @@ pub(super) async fn agent(
 }
 
 /// Admitted and waiting for its turn in the session's lane.
-fn is_queued(snapshot: &pb::RunSnapshot) -> bool {
-    matches!(status_name(snapshot.status), "accepted" | "queued") && snapshot.queue_position > 0
+fn is_queued(snapshot: &RunSnapshot) -> bool {
+    matches!(snapshot.status, RunStatus::Accepted | RunStatus::Queued)
+        && snapshot.queue_position > 0
 }
 
 pub(super) const AGENT_WAIT_KEYS: &[&str] = &["runId", "timeoutMs"];
 
-pub(super) async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("agent.wait", params, AGENT_WAIT_KEYS).map_err(fail)?;
+pub(super) async fn agent_wait(edge: &Arc<Edge>, p: &Params<'_>) -> Answer {
     let run_id = p.required_non_empty("runId").map_err(fail)?;
     trace::record_run(run_id);
     let timeout_ms = p
@@ -209,30 +206,21 @@ pub(super) async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
     let coordinator = &edge.backends.coordinator;
     // A run still queued behind another turn is answered at once, as the
     // protocol does: waiting would only spend the caller's timeout.
-    let current = coordinator
-        .get(pb::GetRequest {
-            run_id: run_id.to_owned(),
-        })
-        .await
-        .map_err(backend_error)?
-        .snapshot;
+    let current = coordinator.get(run_id).await.map_err(backend_error)?;
     if current.as_ref().is_some_and(is_queued) {
         return Ok(json!({
             "runId": run_id, "status": "pending", "timeoutPhase": "queue", "providerStarted": false,
         }));
     }
     let waited = coordinator
-        .wait(pb::WaitRequest {
-            run_id: run_id.to_owned(),
-            timeout_ms: timeout_ms.max(1),
-        })
+        .wait(run_id, timeout_ms.max(1))
         .await
         .map_err(backend_error)?;
     let Some(snapshot) = waited.snapshot.filter(|_| waited.terminal) else {
         return Ok(json!({ "runId": run_id, "status": "timeout" }));
     };
-    let status = status_name(snapshot.status);
-    let stop_reason = stop_reason_for(status, snapshot.stop_reason.as_deref());
+    let status = snapshot.status.as_str();
+    let stop_reason = stop_reason_for(status, snapshot.outcome.stop_reason.as_deref());
     Ok(frames::without_nulls(match status {
         "ok" => json!({
             "runId": run_id, "status": "ok", "startedAt": snapshot.started_at_ms,
@@ -249,7 +237,7 @@ pub(super) async fn agent_wait(edge: &Arc<Edge>, params: &Value) -> Answer {
         _ => json!({
             "runId": run_id, "status": "error", "startedAt": snapshot.started_at_ms,
             "endedAt": snapshot.ended_at_ms,
-            "error": snapshot.error.as_ref().map_or_else(|| status.to_owned(), |e| e.message.clone()),
+            "error": snapshot.outcome.error.as_ref().map_or_else(|| status.to_owned(), |e| e.message.clone()),
             "stopReason": stop_reason,
         }),
     }))

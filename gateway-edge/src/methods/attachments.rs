@@ -1,15 +1,17 @@
 //! The `attachments` of `chat.send`, `agent` and `sessions.create`: files
 //! sent with a message, as the Control UI sends them (`{type, mimeType,
 //! fileName, content}` with the bytes in base64, or as a `data:` URL), for
-//! the run's runtime (`policy.attachments` advertises the limit).
+//! the run's runtime (`policy.attachments` advertises the limit). They are
+//! decoded here to check them and count their bytes.
 
 use base64::Engine as _;
-use clawgate_proto::agent_runtime::v1 as runtime_pb;
+use run_coordinator_api::model::Attachment;
 use serde_json::Value;
 
 use super::fail;
-use crate::edge::Edge;
-use crate::frames::ErrorShape;
+use crate::protocol::frames::ErrorShape;
+use crate::protocol::params::Params;
+use crate::state::Edge;
 
 type Refusal = (ErrorShape, Option<Value>);
 
@@ -21,12 +23,9 @@ fn invalid(method: &str, index: usize, why: &str) -> Refusal {
 
 /// The attachments in `params` (none when absent), decoded and within
 /// `--attachment-max-bytes` together.
-pub(super) fn parse(
-    edge: &Edge,
-    method: &str,
-    params: &Value,
-) -> Result<Vec<runtime_pb::Attachment>, Refusal> {
-    let items = match params.get("attachments") {
+pub(super) fn parse(edge: &Edge, p: &Params<'_>) -> Result<Vec<Attachment>, Refusal> {
+    let method = p.method();
+    let items = match p.raw("attachments") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,
         Some(_) => {
@@ -70,10 +69,11 @@ pub(super) fn parse(
                 .with_details(serde_json::json!({ "code": "ATTACHMENTS_TOO_LARGE" })),
             ));
         }
-        attachments.push(runtime_pb::Attachment {
+        attachments.push(Attachment {
             mime_type: mime_type.to_owned(),
             file_name: text("fileName").unwrap_or_default().to_owned(),
-            data,
+            // In the standard alphabet, padded, whichever the client sent.
+            data: base64::engine::general_purpose::STANDARD.encode(data),
         });
     }
     Ok(attachments)

@@ -8,36 +8,43 @@
 
 use std::sync::Arc;
 
-use clawgate_proto::run_coordinator::v1 as pb;
+use run_coordinator_api::model::{ModelCatalog, ModelInfo};
 use serde_json::{Value, json};
 
 use super::{Answer, backend_error, fail};
-use crate::edge::Edge;
-use crate::params::Params;
+use crate::protocol::frames::ErrorShape;
+use crate::protocol::params::Params;
+use crate::state::Edge;
 
 /// The runtime's models, as the coordinator describes them.
 pub(super) async fn runtime_catalog(
     edge: &Arc<Edge>,
-) -> Result<pb::DescribeRuntimeResponse, (crate::frames::ErrorShape, Option<Value>)> {
-    edge.backends
+) -> Result<ModelCatalog, (ErrorShape, Option<Value>)> {
+    let runtime = edge
+        .backends
         .coordinator
-        .describe_runtime(pb::DescribeRuntimeRequest {})
+        .describe_runtime()
         .await
-        .map_err(backend_error)
+        .map_err(backend_error)?;
+    Ok(runtime.catalog)
 }
 
 /// `provider/id`, the protocol's model reference.
-pub(super) fn model_ref(model: &clawgate_proto::agent_runtime::v1::Model) -> String {
+pub(super) fn model_ref(model: &ModelInfo) -> String {
     format!("{}/{}", model.provider, model.id)
 }
 
+/// The model a run without a choice uses: the named default, else the
+/// first.
+fn default_model(catalog: &ModelCatalog) -> Option<&ModelInfo> {
+    let named = catalog.default_model.as_deref();
+    let by_id = catalog.models.iter().find(|m| Some(m.id.as_str()) == named);
+    by_id.or(catalog.models.first())
+}
+
 /// The reference of the model a run without a choice uses.
-pub(super) fn default_model_ref(catalog: &pb::DescribeRuntimeResponse) -> Option<String> {
-    let by_id = catalog
-        .models
-        .iter()
-        .find(|m| m.id == catalog.default_model);
-    by_id.or(catalog.models.first()).map(model_ref)
+pub(super) fn default_model_ref(catalog: &ModelCatalog) -> Option<String> {
+    default_model(catalog).map(model_ref)
 }
 
 /// The model a session without a choice of its own runs with, as
@@ -46,17 +53,13 @@ pub(super) fn default_model_ref(catalog: &pb::DescribeRuntimeResponse) -> Option
 /// `contextTokens`, `null` when the runtime names no model or window.
 pub(super) async fn session_defaults(
     edge: &Arc<Edge>,
-) -> Result<Value, (crate::frames::ErrorShape, Option<Value>)> {
+) -> Result<Value, (ErrorShape, Option<Value>)> {
     let catalog = runtime_catalog(edge).await?;
-    let model = catalog
-        .models
-        .iter()
-        .find(|m| m.id == catalog.default_model)
-        .or(catalog.models.first());
+    let model = default_model(&catalog);
     Ok(json!({
         "modelProvider": model.map(|m| &m.provider),
         "model": model.map(|m| &m.id),
-        "contextTokens": model.map(|m| m.context_window).filter(|&w| w > 0),
+        "contextTokens": model.and_then(|m| m.context_window),
     }))
 }
 
@@ -73,8 +76,7 @@ pub(super) const MODELS_LIST_KEYS: &[&str] = &[
     "view",
 ];
 
-pub(super) async fn models_list(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("models.list", params, MODELS_LIST_KEYS).map_err(fail)?;
+pub(super) async fn models_list(edge: &Arc<Edge>, p: &Params<'_>) -> Answer {
     p.one_of("view", &["default", "configured", "provider-config", "all"])
         .map_err(fail)?;
     if p.boolean("preparedOnly").map_err(fail)? == Some(true)
@@ -104,8 +106,8 @@ pub(super) async fn models_list(edge: &Arc<Edge>, params: &Value) -> Answer {
                 "reasoning": m.reasoning,
                 "input": m.input,
             });
-            if m.context_window > 0 {
-                row["contextWindow"] = json!(m.context_window);
+            if let Some(window) = m.context_window {
+                row["contextWindow"] = json!(window);
             }
             row
         })
@@ -146,8 +148,7 @@ pub(super) const SLASH_COMMANDS: &[SlashCommand] = &[
 pub(super) const COMMANDS_LIST_KEYS: &[&str] =
     &["sessionKey", "agentId", "provider", "scope", "includeArgs"];
 
-pub(super) async fn commands_list(params: &Value) -> Answer {
-    let p = Params::new("commands.list", params, COMMANDS_LIST_KEYS).map_err(fail)?;
+pub(super) async fn commands_list(p: &Params<'_>) -> Answer {
     let scope = p
         .one_of("scope", &["text", "native", "both"])
         .map_err(fail)?
@@ -176,29 +177,16 @@ pub(super) async fn commands_list(params: &Value) -> Answer {
 
 pub(super) const TASK_SUGGESTIONS_KEYS: &[&str] = &["sessionKey", "agentId"];
 
-pub(super) async fn task_suggestions_list(params: &Value) -> Answer {
-    let p = Params::new("taskSuggestions.list", params, TASK_SUGGESTIONS_KEYS).map_err(fail)?;
+pub(super) async fn task_suggestions_list(p: &Params<'_>) -> Answer {
     p.optional_non_empty("sessionKey").map_err(fail)?;
     p.optional_non_empty("agentId").map_err(fail)?;
     Ok(json!({ "suggestions": [] }))
 }
 
-pub(super) async fn question_list(params: &Value) -> Answer {
-    Params::new("question.list", params, &[]).map_err(fail)?;
-    Ok(json!({ "questions": [] }))
-}
-
-/// `plugin.approval.list` and `exec.approval.list`: the pending requests,
-/// a bare list.
-pub(super) async fn approvals_list() -> Answer {
-    Ok(json!([]))
-}
-
 pub(super) const CHAT_METADATA_KEYS: &[&str] = &["agentId", "authProfileId", "sessionKey"];
 
 /// What a chat's composer offers: the models and the slash commands.
-pub(super) async fn chat_metadata(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("chat.metadata", params, CHAT_METADATA_KEYS).map_err(fail)?;
+pub(super) async fn chat_metadata(edge: &Arc<Edge>, p: &Params<'_>) -> Answer {
     if p.value("sessionKey").is_some() && p.value("authProfileId").is_some() {
         return Err(fail(
             p.error("sessionKey and authProfileId cannot be used together"),
@@ -209,10 +197,14 @@ pub(super) async fn chat_metadata(edge: &Arc<Edge>, params: &Value) -> Answer {
 
 /// `chat.metadata`'s answer, also `chat.startup`'s `metadata`.
 pub(super) async fn composer_metadata(edge: &Arc<Edge>) -> Answer {
-    let Value::Object(mut models) = models_list(edge, &json!({})).await? else {
+    let none = Value::Null;
+    let Value::Object(mut models) =
+        models_list(edge, &Params::ignored("models.list", &none)).await?
+    else {
         unreachable!("models.list answers an object");
     };
-    let Value::Object(commands) = commands_list(&json!({})).await? else {
+    let Value::Object(commands) = commands_list(&Params::ignored("commands.list", &none)).await?
+    else {
         unreachable!("commands.list answers an object");
     };
     models.extend(commands);

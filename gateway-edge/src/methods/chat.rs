@@ -1,21 +1,22 @@
 //! `chat.send` and `chat.abort`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use clawgate_proto::run_coordinator::v1 as pb;
+use run_coordinator_api::CoordinatorError;
+use run_coordinator_api::model::{
+    Admission, Attachment, CancelTarget, QueueMode as RunQueueMode, RunSnapshot, RunSpec,
+    RunStatus, SubmitRequest, Submitted,
+};
 use serde_json::{Value, json};
 use session_store_api::SessionStore;
 
-use super::{Answer, backend_error, fail, key_for};
+use super::{Answer, Call, backend_error, fail, key_for, trace};
 use crate::config::QueueMode;
-use crate::conn::Conn;
-use crate::edge::Edge;
-use crate::fanout::status_name;
-use crate::frames::ErrorShape;
-use crate::params::Params;
-use crate::settings_cache::TurnSettings;
-use crate::trace;
+use crate::protocol::frames::ErrorShape;
+use crate::protocol::params::Params;
+use crate::state::Edge;
+use crate::state::caches::TurnSettings;
+use crate::state::connection::Conn;
 
 pub(super) const CHAT_SEND_KEYS: &[&str] = &[
     "sessionKey",
@@ -48,31 +49,9 @@ pub(super) const CHAT_SEND_KEYS: &[&str] = &[
     "expectedToolOverrides",
 ];
 
-/// The marker the Control UI puts on its first send after a reconnect. It
-/// is not part of the schema: the protocol strips it from operator UI
-/// clients' sends before validating them.
-const RECONNECT_MARKER: &str = "__controlUiReconnectResume";
-
-/// Client modes whose sends may carry the reconnect marker.
-const UI_MODES: &[&str] = &["webchat", "ui"];
-
-pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
-    let (edge, conn, params, received) = (call.edge, call.conn, call.params(), call.received);
-    let stripped;
-    let params = match params.as_object() {
-        Some(object)
-            if object.contains_key(RECONNECT_MARKER)
-                && UI_MODES.contains(&conn.client.mode.as_str()) =>
-        {
-            let mut object = object.clone();
-            object.remove(RECONNECT_MARKER);
-            stripped = Value::Object(object);
-            &stripped
-        }
-        _ => params,
-    };
-    let p = Params::new("chat.send", params, CHAT_SEND_KEYS).map_err(fail)?;
-    let attachments = super::attachments::parse(edge, "chat.send", params)?;
+pub(super) async fn chat_send(call: &Call<'_>) -> Answer {
+    let (edge, p) = (call.edge, &call.params);
+    let attachments = super::attachments::parse(edge, p)?;
     let raw_key = p.required_non_empty("sessionKey").map_err(fail)?;
     let message = p.required_string("message").map_err(fail)?;
     let key = p.required_non_empty("idempotencyKey").map_err(fail)?;
@@ -90,21 +69,20 @@ pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
         .one_of("queueMode", QueueMode::NAMES)
         .map_err(fail)?
         .and_then(|mode| <QueueMode as clap::ValueEnum>::from_str(mode, false).ok())
-        .map(queue_mode_to_pb);
+        .map(run_queue_mode);
     // Checked before a slash command runs too: the params are the same
     // closed schema whatever the message says.
     let timeout_ms = p
         .integer("timeoutMs", 0, 48 * 3600 * 1000)
         .map_err(fail)?
         .unwrap_or(0);
-    if super::commands::interpreted(params)
+    if super::commands::interpreted(p)
         && let Some(command) = super::commands::parse(message).map_err(fail)?
     {
-        return super::commands::run(call, &session, key, command, received).await;
+        return super::commands::run(call, &session, key, command).await;
     }
     start_turn(
-        edge,
-        conn,
+        call,
         Turn {
             session: &session,
             run_id: key,
@@ -113,7 +91,6 @@ pub(super) async fn chat_send(call: &super::Call<'_>) -> Answer {
             timeout_ms,
             attachments,
         },
-        received,
     )
     .await
 }
@@ -125,18 +102,18 @@ pub(super) struct Turn<'a> {
     pub run_id: &'a str,
     pub message: &'a str,
     /// `None`: the session's queue mode, or the gateway's default.
-    pub queue_mode: Option<pb::QueueMode>,
+    pub queue_mode: Option<RunQueueMode>,
     pub timeout_ms: u64,
-    pub attachments: Vec<clawgate_proto::agent_runtime::v1::Attachment>,
+    pub attachments: Vec<Attachment>,
 }
 
 /// The coordinator's name for a queue mode.
-pub(super) fn queue_mode_to_pb(mode: QueueMode) -> pb::QueueMode {
+pub(super) fn run_queue_mode(mode: QueueMode) -> RunQueueMode {
     match mode {
-        QueueMode::Steer => pb::QueueMode::Steer,
-        QueueMode::Followup => pb::QueueMode::Enqueue,
-        QueueMode::Collect => pb::QueueMode::Collect,
-        QueueMode::Interrupt => pb::QueueMode::Interrupt,
+        QueueMode::Steer => RunQueueMode::Steer,
+        QueueMode::Followup => RunQueueMode::Enqueue,
+        QueueMode::Collect => RunQueueMode::Collect,
+        QueueMode::Interrupt => RunQueueMode::Interrupt,
     }
 }
 
@@ -147,13 +124,13 @@ const SETTINGS_RETRIES: usize = 3;
 /// Submits `turn` with the session's settings (its model, its queue mode):
 /// the cached ones when this edge has them, else read from the store. The
 /// store admits the run only with the settings it was made from (see
-/// `settings_cache`); when they changed, they are read again and the turn
+/// `state/caches.rs`); when they changed, they are read again and the turn
 /// is submitted again with the same runId (nothing was admitted).
 async fn submit_with_settings(
     edge: &Arc<Edge>,
     conn: &Arc<Conn>,
     turn: &Turn<'_>,
-) -> Result<pb::SubmitResponse, (ErrorShape, Option<Value>)> {
+) -> Result<Submitted, (ErrorShape, Option<Value>)> {
     let mut cached = edge.settings_cache.get(turn.session);
     let mut attempts = 0;
     loop {
@@ -169,28 +146,26 @@ async fn submit_with_settings(
             // only when it starts.
             None => create_session(edge, turn.session).await?,
         };
-        let queue_mode = turn
-            .queue_mode
-            .unwrap_or(queue_mode_to_pb(settings.queue_mode));
-        let submit = pb::SubmitRequest {
+        let submit = SubmitRequest {
             run_id: turn.run_id.to_owned(),
-            session_key: turn.session.as_str().to_owned(),
-            kind: "chat".into(),
-            message: turn.message.to_owned(),
-            queue_mode: queue_mode as i32,
-            timeout_ms: turn.timeout_ms,
-            options_json: settings.options_json,
-            requester: conn.requester.clone(),
-            label: None,
-            attachments: turn.attachments.clone(),
-            expected_settings_digest: settings.digest,
+            session_key: turn.session.clone(),
+            spec: RunSpec {
+                kind: "chat".into(),
+                message: turn.message.to_owned(),
+                queue_mode: turn
+                    .queue_mode
+                    .unwrap_or(run_queue_mode(settings.queue_mode)),
+                timeout_ms: (turn.timeout_ms > 0).then_some(turn.timeout_ms),
+                options: settings.options,
+                requester: conn.requester.clone(),
+                label: None,
+                attachments: turn.attachments.clone(),
+            },
+            expected_settings: settings.digest,
         };
         // Same runId on every attempt: a retry after a failover is idempotent.
         match edge.backends.coordinator.submit(submit).await {
-            Err(status)
-                if crate::coordinators::settings_changed(&status)
-                    && attempts < SETTINGS_RETRIES =>
-            {
+            Err(CoordinatorError::SettingsChanged(_)) if attempts < SETTINGS_RETRIES => {
                 edge.settings_cache.forget(turn.session);
                 attempts += 1;
             }
@@ -221,36 +196,36 @@ async fn create_session(
 
 /// Submits a chat turn with the session's settings (its model) and answers
 /// as `chat.send` does: `started`, `in_flight`, or the finished run's end.
-pub(super) async fn start_turn(
-    edge: &Arc<Edge>,
-    conn: &Arc<Conn>,
-    turn: Turn<'_>,
-    received: Instant,
-) -> Answer {
+pub(super) async fn start_turn(call: &Call<'_>, turn: Turn<'_>) -> Answer {
+    let (edge, conn) = (call.edge, call.conn);
     let key = turn.run_id;
-    // Awaited from before its Submit (see `Edge::await_run`).
-    edge.await_run(key);
+    // Awaited from before its Submit (see `FanIn::await_run`).
+    let fanin = &call.events.fanin;
+    fanin.await_run(key);
     let done = match submit_with_settings(edge, conn, &turn).await {
         Ok(done) => done,
         Err(refused) => {
-            edge.unawait_run(key);
+            fanin.unawait_run(key);
             return Err(refused);
         }
     };
-    let snapshot = done.snapshot.unwrap_or_default();
-    if done.admission == pb::Admission::Completed as i32 {
-        edge.unawait_run(key);
-    }
-    match pb::Admission::try_from(done.admission) {
-        Ok(pb::Admission::Accepted) => {
-            edge.metrics.acked("chat.send", received);
+    let snapshot = done.snapshot;
+    match done.admission {
+        Admission::Accepted => {
+            edge.metrics.acked("chat.send", call.received);
             Ok(json!({ "runId": key, "status": "started" }))
         }
-        Ok(pb::Admission::InFlight) => Ok(json!({ "runId": key, "status": "in_flight" })),
-        _ => match status_name(snapshot.status) {
-            "ok" => Ok(json!({ "runId": key, "status": "ok" })),
+        Admission::InFlight => Ok(json!({ "runId": key, "status": "in_flight" })),
+        Admission::Completed => match snapshot.status {
+            RunStatus::Ok => {
+                fanin.unawait_run(key);
+                Ok(json!({ "runId": key, "status": "ok" }))
+            }
             other => {
+                fanin.unawait_run(key);
+                let other = other.as_str();
                 let summary = snapshot
+                    .outcome
                     .error
                     .as_ref()
                     .map_or_else(|| format!("run {other}"), |e| e.message.clone());
@@ -263,15 +238,12 @@ pub(super) async fn start_turn(
     }
 }
 
-fn owns(conn: &Conn, snapshot: &pb::RunSnapshot) -> bool {
+fn owns(conn: &Conn, snapshot: &RunSnapshot) -> bool {
     conn.is_admin() || snapshot.requester.is_empty() || snapshot.requester == conn.requester
 }
 
-fn is_active(snapshot: &pb::RunSnapshot) -> bool {
-    matches!(
-        status_name(snapshot.status),
-        "accepted" | "queued" | "running"
-    )
+fn is_active(snapshot: &RunSnapshot) -> bool {
+    !snapshot.status.is_terminal()
 }
 
 pub(super) const CHAT_ABORT_KEYS: &[&str] = &[
@@ -282,8 +254,7 @@ pub(super) const CHAT_ABORT_KEYS: &[&str] = &[
     "exemptRunId",
 ];
 
-pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
-    let p = Params::new("chat.abort", params, CHAT_ABORT_KEYS).map_err(fail)?;
+pub(super) async fn chat_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, p: &Params<'_>) -> Answer {
     let session = key_for(
         "chat.abort",
         p.required_non_empty("sessionKey").map_err(fail)?,
@@ -297,8 +268,7 @@ pub(super) const SESSIONS_ABORT_KEYS: &[&str] = &["key", "agentId", "runId", "cl
 /// `sessions.abort`: `chat.abort` by session key. Queued runs of the
 /// session are aborted with the active one whether or not `clearQueued`
 /// says so (a queued run here is a run: it is cancelled as one).
-pub(super) async fn sessions_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
-    let p = Params::new("sessions.abort", params, SESSIONS_ABORT_KEYS).map_err(fail)?;
+pub(super) async fn sessions_abort(edge: &Arc<Edge>, conn: &Arc<Conn>, p: &Params<'_>) -> Answer {
     let session = key_for("sessions.abort", p.required_non_empty("key").map_err(fail)?)?;
     p.boolean("clearQueued").map_err(fail)?;
     let run_id = p.optional_non_empty("runId").map_err(fail)?;
@@ -320,15 +290,9 @@ pub(super) async fn abort(
         trace::record_run(run_id);
     }
     let coordinator = &edge.backends.coordinator;
-    let candidates: Vec<pb::RunSnapshot> = match run_id {
+    let candidates: Vec<RunSnapshot> = match run_id {
         Some(run_id) => {
-            let got = coordinator
-                .get(pb::GetRequest {
-                    run_id: run_id.to_owned(),
-                })
-                .await
-                .map_err(backend_error)?
-                .snapshot;
+            let got = coordinator.get(run_id).await.map_err(backend_error)?;
             match got.filter(is_active) {
                 None => return Ok(json!({ "ok": true, "aborted": false, "runIds": [] })),
                 Some(run) if run.session_key != session.as_str() => {
@@ -337,34 +301,22 @@ pub(super) async fn abort(
                 Some(run) => vec![run],
             }
         }
-        None => {
-            coordinator
-                .list_active(pb::ListActiveRequest {
-                    session_key: Some(session.as_str().to_owned()),
-                })
-                .await
-                .map_err(backend_error)?
-                .runs
-        }
+        None => coordinator
+            .list_active(Some(session))
+            .await
+            .map_err(backend_error)?,
     };
-    let mine: Vec<&pb::RunSnapshot> = candidates.iter().filter(|r| owns(conn, r)).collect();
+    let mine: Vec<&RunSnapshot> = candidates.iter().filter(|r| owns(conn, r)).collect();
     if mine.is_empty() && !candidates.is_empty() {
         return Err(fail(ErrorShape::invalid("unauthorized")));
     }
     let mut aborted = Vec::new();
     for run in mine {
         let cancelled = coordinator
-            .cancel(pb::CancelRequest {
-                target: Some(pb::cancel_request::Target::RunId(run.run_id.clone())),
-                requester: conn.requester.clone(),
-            })
+            .cancel(CancelTarget::Run(run.run_id.clone()), &conn.requester)
             .await
             .map_err(backend_error)?;
-        if cancelled
-            .runs
-            .iter()
-            .any(|r| status_name(r.status) == "aborted")
-        {
+        if cancelled.iter().any(|r| r.status == RunStatus::Aborted) {
             aborted.push(run.run_id.clone());
         }
     }

@@ -4,17 +4,16 @@
 //! sets `suppressCommandInterpretation`. Any other text, `/`-led or not, is
 //! a message for the model. `commands.list` lists these (`catalog.rs`).
 
-use std::time::Instant;
-
 use serde_json::{Value, json};
 use session_store_api::model::PatchSession;
 use session_store_api::{SessionKey, SessionStore};
 
 use super::chat::{Turn, start_turn};
 use super::{Answer, Call, fail, store_error};
+use crate::auth::scopes::{ADMIN, WRITE, authorize};
 use crate::config::QueueMode;
-use crate::frames::ErrorShape;
-use crate::scopes::{ADMIN, WRITE, authorize};
+use crate::protocol::frames::ErrorShape;
+use crate::protocol::params::Params;
 
 /// A command found in a message.
 pub(super) enum Command<'a> {
@@ -69,7 +68,6 @@ pub(super) async fn run(
     session: &SessionKey,
     run_id: &str,
     command: Command<'_>,
-    received: Instant,
 ) -> Answer {
     let (edge, conn) = (call.edge, call.conn);
     let required = match command {
@@ -118,12 +116,12 @@ pub(super) async fn run(
                 timeout_ms: 0,
                 attachments: Vec::new(),
             };
-            start_turn(edge, conn, turn, received).await
+            start_turn(call, turn).await
         }
     }
 }
 
 /// Whether a send's text is to be read as a command.
-pub(super) fn interpreted(params: &Value) -> bool {
-    params.get("suppressCommandInterpretation") != Some(&Value::Bool(true))
+pub(super) fn interpreted(params: &Params<'_>) -> bool {
+    params.raw("suppressCommandInterpretation") != Some(&Value::Bool(true))
 }

@@ -3,14 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawgate_common::clock::now_ms;
 use serde_json::{Value, json};
 use session_store_api::SessionStore;
 use session_store_api::model::ListQuery;
-use session_store_api::store::now_ms;
 
 use super::{Answer, fail, store_error};
-use crate::edge::Edge;
-use crate::frames::ErrorShape;
+use crate::protocol::frames::ErrorShape;
+use crate::state::Edge;
 
 pub(super) async fn health(edge: &Arc<Edge>) -> Answer {
     health_summary(edge).await.map_err(fail)

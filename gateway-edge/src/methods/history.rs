@@ -12,16 +12,15 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use session_store_api::model::{
-    HistoryCursor, HistoryPage, HistoryQuery, SessionId, TranscriptEntry,
-};
+use session_store_api::model::{HistoryCursor, HistoryPage, HistoryQuery, SessionId};
 use session_store_api::{SessionKey, SessionStore};
 
 use super::sessions::session_info;
 use super::{Answer, fail, key_for, store_error};
-use crate::edge::Edge;
-use crate::frames::{self, ErrorShape};
-use crate::params::Params;
+use crate::protocol::frames::{ErrorShape, without_nulls};
+use crate::protocol::params::Params;
+use crate::protocol::transcript::{message_id, parse_message_id, transcript_message};
+use crate::state::Edge;
 
 /// The keys of `chat.history`, and after them any `$extra`.
 macro_rules! history_keys {
@@ -144,52 +143,38 @@ fn string_ids(p: &Params, key: &str) -> Result<(), ErrorShape> {
     Ok(())
 }
 
-/// A message id as this edge writes them: `<sessionId>:<seq>`.
-pub(super) fn message_id(session_id: &str, seq: u64) -> String {
-    format!("{session_id}:{seq}")
-}
-
-fn parse_message_id(id: &str) -> Option<(Option<SessionId>, u64)> {
-    let (session, seq) = id.rsplit_once(':')?;
-    let seq = seq.parse().ok().filter(|&n| n >= 1)?;
-    Some((session.parse().ok(), seq))
-}
-
-pub(super) async fn chat_history(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("chat.history", params, HISTORY_KEYS).map_err(fail)?;
-    let request = parse_request("chat.history", &p).map_err(fail)?;
+pub(super) async fn chat_history(edge: &Arc<Edge>, p: &Params<'_>) -> Answer {
+    let request = parse_request("chat.history", p).map_err(fail)?;
     history_page(edge, request).await
 }
 
 /// `chat.history` under the name the Control UI opens a chat with, or the
 /// same for a session named by its short id.
-pub(super) async fn chat_startup(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let short_id = params.get("shortId").filter(|v| !v.is_null());
-    if short_id.is_none() {
-        if let Some(other) = params.as_object().and_then(|o| {
-            o.keys()
-                .find(|k| !HISTORY_KEYS.contains(&k.as_str()) && STARTUP_KEYS.contains(&k.as_str()))
-        }) {
+pub(super) async fn chat_startup(edge: &Arc<Edge>, union: &Params<'_>) -> Answer {
+    if union.value("shortId").is_none() {
+        if let Some(other) = union
+            .keys()
+            .find(|k| !HISTORY_KEYS.contains(k) && STARTUP_KEYS.contains(k))
+        {
             return Err(fail(ErrorShape::invalid(format!(
                 "invalid chat.startup params: {other} requires shortId"
             ))));
         }
-        let p = Params::new("chat.startup", params, HISTORY_KEYS).map_err(fail)?;
+        let p = union.closed_to(HISTORY_KEYS).map_err(fail)?;
         let request = parse_request("chat.startup", &p).map_err(fail)?;
         return history_page(edge, request).await;
     }
     // The two shapes are one union: a key of the other shape is a mismatch
     // of the union, not an unknown key.
-    if let Some(other) = params.as_object().and_then(|o| {
-        o.keys().find(|k| {
-            HISTORY_KEYS.contains(&k.as_str()) && !STARTUP_SHORT_ID_KEYS.contains(&k.as_str())
-        })
-    }) {
+    if let Some(other) = union
+        .keys()
+        .find(|k| HISTORY_KEYS.contains(k) && !STARTUP_SHORT_ID_KEYS.contains(k))
+    {
         return Err(fail(ErrorShape::invalid(format!(
             "invalid chat.startup params: shortId cannot be used with {other}"
         ))));
     }
-    let p = Params::new("chat.startup", params, STARTUP_SHORT_ID_KEYS).map_err(fail)?;
+    let p = union.closed_to(STARTUP_SHORT_ID_KEYS).map_err(fail)?;
     let short_id = p.required_non_empty("shortId").map_err(fail)?;
     p.required_non_empty("agentId").map_err(fail)?;
     let key = super::sessions::resolve_short_id(edge, short_id).await?;
@@ -255,7 +240,7 @@ async fn history_page(edge: &Arc<Edge>, request: PageRequest<'_>) -> Answer {
             let total = session.as_ref().map_or(0, |s| s.entry_count);
             if *offset >= total {
                 let id = current_id.map(|id| id.to_string());
-                return Ok(frames::without_nulls(json!({
+                return Ok(without_nulls(json!({
                     "sessionKey": request.raw_key, "sessionId": id, "messages": [],
                     "hasMore": false, "totalMessages": total, "offset": offset,
                     "sessionInfo": info.info,
@@ -289,7 +274,7 @@ async fn history_page(edge: &Arc<Edge>, request: PageRequest<'_>) -> Answer {
         .filter(|_| offset == Some(0))
         .map(|id| message_id(id, last));
     Ok(with_in_flight(
-        frames::without_nulls(json!({
+        without_nulls(json!({
             "sessionKey": request.raw_key, "sessionId": id, "messages": messages,
             "hasMore": has_more, "totalMessages": page.total + u64::from(reset.is_some()),
             "offset": offset.filter(|&o| o > 0), "nextOffset": next_offset,
@@ -317,30 +302,6 @@ fn messages_of(page: &HistoryPage) -> Vec<Value> {
         .iter()
         .map(|e| transcript_message(&id, e))
         .collect()
-}
-
-/// One transcript entry of session `id` as a protocol message.
-pub(crate) fn transcript_message(id: &str, e: &TranscriptEntry) -> Value {
-    let content: Value =
-        serde_json::from_str(&e.content_json).unwrap_or_else(|_| json!(e.content_json));
-    let usage = e
-        .metadata
-        .usage_json
-        .as_deref()
-        .and_then(|u| serde_json::from_str::<Value>(u).ok());
-    // A user turn carries its run's idempotency key, by which a
-    // client matches the message it showed while sending.
-    let idempotency_key = (e.role == "user").then(|| format!("{}:user", e.run_id));
-    frames::without_nulls(json!({
-        "role": e.role, "content": content, "timestamp": e.timestamp_ms,
-        "stopReason": e.metadata.stop_reason, "usage": usage,
-        "aborted": e.metadata.aborted.then_some(true),
-        "idempotencyKey": idempotency_key,
-        "__openclaw": {
-            "id": message_id(id, e.seq), "seq": e.seq, "runId": e.run_id,
-            "idempotencyKey": idempotency_key,
-        },
-    }))
 }
 
 /// The marker a transcript that a reset started opens with (as the
@@ -382,16 +343,6 @@ fn capped(mut messages: Vec<Value>, max_bytes: Option<u64>) -> (Vec<Value>, bool
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn message_ids_round_trip() {
-        let id = uuid::Uuid::new_v4().to_string();
-        let parsed = parse_message_id(&message_id(&id, 7)).unwrap();
-        assert_eq!(parsed.0.map(|s| s.to_string()), Some(id));
-        assert_eq!(parsed.1, 7);
-        assert_eq!(parse_message_id("nope"), None);
-        assert_eq!(parse_message_id("x:0"), None);
-    }
 
     #[test]
     fn the_oldest_messages_go_first() {

@@ -13,22 +13,22 @@
 
 use std::sync::Arc;
 
-use clawgate_proto::run_coordinator::v1 as pb;
-use serde_json::{Value, json};
+use run_coordinator_api::EventStream;
+use run_coordinator_api::events::{RunEvent, StreamItem};
+use serde_json::json;
 
-use super::{Answer, backend_error, fail};
-use crate::conn::{BroadcastSpans, Conn};
-use crate::edge::Edge;
-use crate::fanout::{self, RunMemory};
-use crate::frames::ErrorShape;
-use crate::params::Params;
-use crate::trace;
+use super::{Answer, backend_error, fail, trace};
+use crate::events::fanout;
+use crate::events::translate::RunMemory;
+use crate::protocol::frames::ErrorShape;
+use crate::protocol::params::Params;
+use crate::state::Edge;
+use crate::state::connection::{BroadcastSpans, Conn};
 
 /// The params of `runs.resume`.
 pub(super) const RUNS_RESUME_KEYS: &[&str] = &["runId", "fromSeq", "epoch"];
 
-pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Value) -> Answer {
-    let p = Params::new("runs.resume", params, RUNS_RESUME_KEYS).map_err(fail)?;
+pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, p: &Params<'_>) -> Answer {
     let run_id = p.required_non_empty("runId").map_err(fail)?.to_owned();
     trace::record_run(&run_id);
     let from_seq = p
@@ -42,27 +42,19 @@ pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Val
         .to_owned();
     let coordinator = &edge.backends.coordinator;
     let mut stream = coordinator
-        .subscribe(pb::SubscribeRequest {
-            filter: Some(pb::subscribe_request::Filter::RunId(run_id.clone())),
-            from_seq,
-            epoch,
-        })
+        .subscribe_run(&run_id, from_seq, &epoch)
         .await
         .map_err(backend_error)?;
     // The coordinator answers a Subscribe at once: `subscribed`, or a reset.
-    let first = match stream.message().await.map_err(backend_error)? {
-        Some(pb::SubscribeResponse {
-            item: Some(pb::subscribe_response::Item::Reset(reset)),
-        }) => {
+    let first = match stream.next().await.map_err(backend_error)? {
+        Some(StreamItem::Reset(reset)) => {
             return Err(fail(
                 ErrorShape::invalid(format!("cannot resume run {run_id}: {}", reset.reason))
-                    .with_details(json!({ "code": "RESUME_UNAVAILABLE", "epoch": reset.epoch })),
+                    .with_details(json!({ "code": "RESUME_UNAVAILABLE", "epoch": &*reset.epoch })),
             ));
         }
-        Some(pb::SubscribeResponse {
-            item: Some(pb::subscribe_response::Item::Event(event)),
-        }) => Some(event),
-        Some(_) => None,
+        Some(StreamItem::Event(event)) => Some(event),
+        Some(StreamItem::Subscribed { .. }) => None,
         None => {
             return Err(fail(
                 ErrorShape::unavailable("the run coordinator ended the stream").retry_after(500),
@@ -74,7 +66,18 @@ pub(super) async fn runs_resume(edge: &Arc<Edge>, conn: &Arc<Conn>, params: &Val
     // switch is in the spans taken with it, and left out of the replay (the
     // run's events carry its coordinator's epoch: only that coordinator's
     // span can cover them).
-    let Some(delivered) = conn.start_resume(&run_id) else {
+    let started = conn.start_resume(&run_id, edge.config.max_resumes);
+    let started = started.map_err(|max| {
+        edge.metrics.limit_hit("EDGE_MAX_RESUMES");
+        fail(
+            ErrorShape::unavailable(format!(
+                "this connection follows too many resumed runs (at most {max}, EDGE_MAX_RESUMES); retry when one ends"
+            ))
+            .retry_after(1000)
+            .with_details(json!({ "code": "TOO_MANY_RESUMES", "limit": max })),
+        )
+    })?;
+    let Some(delivered) = started else {
         return Err(fail(ErrorShape::invalid(format!(
             "run {run_id} is already being resumed on this connection"
         ))));
@@ -96,8 +99,8 @@ async fn follow(
     conn: Arc<Conn>,
     run_id: String,
     delivered: BroadcastSpans,
-    first: Option<pb::RunEvent>,
-    mut stream: tonic::Streaming<pb::SubscribeResponse>,
+    first: Option<RunEvent>,
+    mut stream: EventStream,
 ) {
     // Every event is translated, delivered or not: the final chat event
     // carries the text so far.
@@ -114,13 +117,9 @@ async fn follow(
                 break true;
             }
         }
-        match stream.message().await {
-            Ok(Some(pb::SubscribeResponse {
-                item: Some(pb::subscribe_response::Item::Event(event)),
-            })) => next = Some(event),
-            Ok(Some(pb::SubscribeResponse {
-                item: Some(pb::subscribe_response::Item::Subscribed(_)) | None,
-            })) => {}
+        match stream.next().await {
+            Ok(Some(StreamItem::Event(event))) => next = Some(event),
+            Ok(Some(StreamItem::Subscribed { .. })) => {}
             // The run's log is drained and closed: the run ended.
             Ok(None) => break true,
             // A reset or a broken stream before the end.

@@ -3,17 +3,16 @@
 
 use std::sync::Arc;
 
-use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_common::clock::now_ms;
 use serde_json::{Value, json};
 use session_store_api::SessionStore;
 use session_store_api::model::{HistoryCursor, HistoryQuery, ListQuery, Session};
-use session_store_api::store::now_ms;
 
 use super::sessions::{AGENT_ID, session_row};
 use super::{Answer, backend_error, fail, store_error};
-use crate::edge::Edge;
-use crate::frames::ErrorShape;
-use crate::params::Params;
+use crate::protocol::frames::ErrorShape;
+use crate::protocol::params::Params;
+use crate::state::Edge;
 
 /// `sessions.list`'s boolean params.
 macro_rules! list_flags {
@@ -70,8 +69,7 @@ const SELECTS_ABSENT: &[&str] = &[
     "boardFace",
 ];
 
-pub(super) async fn sessions_list(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("sessions.list", params, SESSIONS_LIST_KEYS).map_err(fail)?;
+pub(super) async fn sessions_list(edge: &Arc<Edge>, p: &Params<'_>) -> Answer {
     // Any limit is valid; a page holds at most MAX_LIST_LIMIT rows.
     let limit = p
         .integer("limit", 1, u64::MAX)
@@ -177,10 +175,9 @@ pub(super) async fn active_runs(
     Ok(edge
         .backends
         .coordinator
-        .list_active(pb::ListActiveRequest { session_key: None })
+        .list_active(None)
         .await
         .map_err(backend_error)?
-        .runs
         .into_iter()
         .map(|r| (r.session_key, r.run_id))
         .collect())

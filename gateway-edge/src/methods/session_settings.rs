@@ -12,19 +12,19 @@
 
 use std::sync::Arc;
 
+use clawgate_common::clock::now_ms;
 use serde_json::{Map, Value, json};
 use session_store_api::model::{PatchSession, Session, settings_digest};
-use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 
 use super::catalog::{model_ref, runtime_catalog};
 use super::sessions::{AGENT_ID, session_row};
 use super::{Answer, fail, key_for, store_error};
 use crate::config::QueueMode;
-use crate::edge::Edge;
-use crate::frames::ErrorShape;
-use crate::params::Params;
-use crate::settings_cache::TurnSettings;
+use crate::protocol::frames::ErrorShape;
+use crate::protocol::params::Params;
+use crate::state::Edge;
+use crate::state::caches::TurnSettings;
 
 /// Settings stored as given: how the UI shows and sorts the session.
 const PRESENTATION: &[&str] = &[
@@ -94,8 +94,9 @@ const PATCH_OWN_KEYS: &[&str] = &[
 const PATCH_PARTS: &[&[&str]] = &[PATCH_OWN_KEYS, EXPECT_ABSENT, PRESENTATION, UNSUPPORTED];
 
 /// `sessions.patch`'s params: every key of the lists it is made of.
-pub(super) const SESSIONS_PATCH_KEYS: &[&str] =
-    &crate::params::concat_keys::<{ crate::params::keys_len(PATCH_PARTS) }>(PATCH_PARTS);
+pub(super) const SESSIONS_PATCH_KEYS: &[&str] = &crate::protocol::params::concat_keys::<
+    { crate::protocol::params::keys_len(PATCH_PARTS) },
+>(PATCH_PARTS);
 
 /// The settings of `session` as an object (empty when it has none).
 pub(super) fn settings_of(session: &Session) -> Map<String, Value> {
@@ -123,16 +124,15 @@ pub(super) fn turn_settings_of(edge: &Edge, session: Option<&Session>) -> TurnSe
     let model = session
         .map(settings_of)
         .and_then(|s| s.get("model").and_then(Value::as_str).map(str::to_owned));
-    let options_json = match model {
+    let options = match model {
         // Stored as `provider/id`; the runtime names it by its id.
         Some(model) => {
             json!({ "model": model.split_once('/').map_or(model.as_str(), |(_, id)| id) })
-                .to_string()
         }
-        None => String::new(),
+        None => json!({}),
     };
     TurnSettings {
-        options_json,
+        options,
         queue_mode: queue_mode_of(edge, session),
         digest: session.map(|s| settings_digest(&s.settings_json)),
     }
@@ -283,14 +283,13 @@ fn check_expectations(
 }
 
 pub(super) async fn sessions_patch(call: &super::Call<'_>) -> Answer {
-    let (edge, params) = (call.edge, call.params());
-    let p = Params::new("sessions.patch", params, SESSIONS_PATCH_KEYS).map_err(fail)?;
+    let (edge, p) = (call.edge, &call.params);
     let key = key_for("sessions.patch", p.required_non_empty("key").map_err(fail)?)?;
-    super::sessions::check_agent(&p)?;
+    super::sessions::check_agent(p)?;
     let store = &edge.backends.store;
     let current = store.get_session(&key).await.map_err(store_error)?;
-    check_expectations(&p, current.as_ref())?;
-    let patch = patch_of(edge, &p).await?;
+    check_expectations(p, current.as_ref())?;
+    let patch = patch_of(edge, p).await?;
     let out = store
         .patch_session(PatchSession {
             key: key.clone(),
@@ -373,9 +372,8 @@ pub(super) const SESSIONS_CREATE_KEYS: &[&str] = create_unsupported!(
 /// given; an existing session is adopted, its settings kept), and, with a
 /// `message` or `task`, its first turn.
 pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
-    let (edge, conn) = (call.edge, call.conn);
-    let p = Params::new("sessions.create", call.params(), SESSIONS_CREATE_KEYS).map_err(fail)?;
-    super::sessions::check_agent(&p)?;
+    let (edge, p) = (call.edge, &call.params);
+    super::sessions::check_agent(p)?;
     for key in CREATE_UNSUPPORTED {
         if p.value(key).is_some_and(|v| v != &Value::Bool(false)) {
             return Err(fail(ErrorShape::invalid(format!(
@@ -393,7 +391,7 @@ pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
         None => format!("agent:{AGENT_ID}:dashboard:{}", uuid::Uuid::new_v4()),
     };
     let key = key_for("sessions.create", &raw_key)?;
-    let mut patch = patch_of(edge, &p).await?;
+    let mut patch = patch_of(edge, p).await?;
     for key in ["displayName", "titleSource"] {
         if let Some(value) = p.string(key).map_err(fail)? {
             patch.insert(key.to_owned(), json!(value));
@@ -450,9 +448,9 @@ pub(super) async fn sessions_create(call: &super::Call<'_>) -> Answer {
             message,
             queue_mode: None,
             timeout_ms,
-            attachments: super::attachments::parse(edge, "sessions.create", call.params())?,
+            attachments: super::attachments::parse(edge, p)?,
         };
-        let started = super::chat::start_turn(edge, conn, turn, call.received).await?;
+        let started = super::chat::start_turn(call, turn).await?;
         answer["runStarted"] = json!(true);
         answer["runId"] = started["runId"].clone();
         answer["status"] = started["status"].clone();

@@ -5,26 +5,24 @@
 
 use std::sync::Arc;
 
-use clawgate_proto::run_coordinator::v1 as pb;
+use clawgate_common::clock::now_ms;
+use run_coordinator_api::model::RunStatus as S;
 use serde_json::{Value, json};
 use session_store_api::model::{ListQuery, PatchSession, Session};
-use session_store_api::store::now_ms;
 use session_store_api::{SessionKey, SessionStore};
 
 use super::session_list::{active_runs, add_previews};
 use super::{Answer, Call, backend_error, fail, key_for, store_error};
-use crate::conn::Conn;
-use crate::edge::Edge;
-use crate::fanout::status_name;
-use crate::frames::{self, ErrorShape};
-use crate::params::Params;
+use crate::protocol::frames::{self, ErrorShape};
+use crate::protocol::params::Params;
+use crate::state::Edge;
+use crate::state::connection::Conn;
 
 /// The one agent this edge runs.
 pub(super) const AGENT_ID: &str = "main";
 
 /// A session as the protocol lists it.
 pub(super) fn session_row(s: &Session, active: &[String]) -> Value {
-    use session_store_api::model::RunStatus as S;
     let status = if active.is_empty() {
         s.last_run_status.map(|status| match status {
             S::Accepted | S::Queued | S::Running => "running",
@@ -97,18 +95,13 @@ pub(super) async fn session_info(
     let active = edge
         .backends
         .coordinator
-        .list_active(pb::ListActiveRequest {
-            session_key: Some(key.as_str().to_owned()),
-        })
+        .list_active(Some(key))
         .await
-        .map_err(backend_error)?
-        .runs;
-    let running = active
-        .iter()
-        .find(|run| status_name(run.status) == "running");
+        .map_err(backend_error)?;
+    let running = active.iter().find(|run| run.status == S::Running);
     let in_flight = running.map(|run| {
         frames::without_nulls(json!({
-            "runId": run.run_id, "text": run.text, "startedAt": run.started_at_ms,
+            "runId": run.run_id, "text": run.outcome.text, "startedAt": run.started_at_ms,
         }))
     });
     let queue_mode = super::session_settings::queue_mode_of(edge, session);
@@ -140,13 +133,12 @@ pub(super) const SESSIONS_DESCRIBE_KEYS: &[&str] = &[
     "includeLastMessage",
 ];
 
-pub(super) async fn sessions_describe(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("sessions.describe", params, SESSIONS_DESCRIBE_KEYS).map_err(fail)?;
+pub(super) async fn sessions_describe(edge: &Arc<Edge>, p: &Params<'_>) -> Answer {
     let key = key_for(
         "sessions.describe",
         p.required_non_empty("key").map_err(fail)?,
     )?;
-    check_agent(&p)?;
+    check_agent(p)?;
     let titles = p.boolean("includeDerivedTitles").map_err(fail)? == Some(true);
     let last = p.boolean("includeLastMessage").map_err(fail)? == Some(true);
     let Some(session) = edge
@@ -196,9 +188,8 @@ pub(super) const SESSIONS_RESOLVE_KEYS: &[&str] = &[
     "allowMissing",
 ];
 
-pub(super) async fn sessions_resolve(edge: &Arc<Edge>, params: &Value) -> Answer {
-    let p = Params::new("sessions.resolve", params, SESSIONS_RESOLVE_KEYS).map_err(fail)?;
-    check_agent(&p)?;
+pub(super) async fn sessions_resolve(edge: &Arc<Edge>, p: &Params<'_>) -> Answer {
+    check_agent(p)?;
     let allow_missing = p.boolean("allowMissing").map_err(fail)? == Some(true);
     let reference_key = match p.value("reference") {
         None => None,
@@ -382,17 +373,16 @@ pub(super) async fn reset_session(
         Ok(patched) if patched.session.session_id == out.session.session_id => Ok(patched.session),
         Ok(_) => Ok(out.session),
         Err(err) => {
-            tracing::warn!(session = key.as_str(), error = %err, "the reset marker was not recorded");
+            clawgate_telemetry::limited!(warn, session = key.as_str(), error = %err, "the reset marker was not recorded");
             Ok(out.session)
         }
     }
 }
 
 pub(super) async fn sessions_reset(call: &Call<'_>) -> Answer {
-    let (edge, params) = (call.edge, call.params());
-    let p = Params::new("sessions.reset", params, SESSIONS_RESET_KEYS).map_err(fail)?;
+    let (edge, p) = (call.edge, &call.params);
     let key = key_for("sessions.reset", p.required_non_empty("key").map_err(fail)?)?;
-    check_agent(&p)?;
+    check_agent(p)?;
     let reason = p
         .one_of("reason", &["new", "reset"])
         .map_err(fail)?
@@ -460,20 +450,19 @@ pub(super) const SESSIONS_DELETE_KEYS: &[&str] = &[
 /// archived session (`archivedOnly`).
 pub(super) fn delete_scope(params: &Value) -> &'static str {
     if params.get("archivedOnly") == Some(&Value::Bool(true)) {
-        crate::scopes::WRITE
+        crate::auth::scopes::WRITE
     } else {
-        crate::scopes::ADMIN
+        crate::auth::scopes::ADMIN
     }
 }
 
 pub(super) async fn sessions_delete(call: &Call<'_>) -> Answer {
-    let (edge, params) = (call.edge, call.params());
-    let p = Params::new("sessions.delete", params, SESSIONS_DELETE_KEYS).map_err(fail)?;
+    let (edge, p) = (call.edge, &call.params);
     let key = key_for(
         "sessions.delete",
         p.required_non_empty("key").map_err(fail)?,
     )?;
-    check_agent(&p)?;
+    check_agent(p)?;
     if key.as_str() == "agent:main:main" {
         return Err(fail(ErrorShape::invalid(
             "Cannot delete the main session (main).",
@@ -542,18 +531,24 @@ pub(super) const MESSAGES_UNSUBSCRIBE_KEYS: &[&str] = &["key", "agentId"];
 /// `sessions.messages.subscribe` (`on`) / `unsubscribe`: whether the
 /// connection gets `key`'s `session.message` events (`session_feed.rs`).
 pub(super) async fn messages_subscribe(call: &Call<'_>, on: bool) -> Answer {
-    let method = &call.request.method;
-    let keys = if on {
-        MESSAGES_SUBSCRIBE_KEYS
-    } else {
-        MESSAGES_UNSUBSCRIBE_KEYS
-    };
-    let p = Params::new(method, call.params(), keys).map_err(fail)?;
+    let p = &call.params;
+    let method = p.method();
     let key = key_for(method, p.required_non_empty("key").map_err(fail)?)?;
-    check_agent(&p)?;
+    check_agent(p)?;
     let approvals = on && p.boolean("includeApprovals").map_err(fail)? == Some(true);
     if on {
-        call.edge.session_feed.follow(call.edge, &key).await;
+        let max = call.edge.config.max_watched_sessions;
+        let full = {
+            let watched = call.conn.message_watch.lock().unwrap();
+            watched.len() >= max && !watched.contains(key.as_str())
+        };
+        if full {
+            call.edge.metrics.limit_hit("EDGE_MAX_WATCHED_SESSIONS");
+            return Err(fail(ErrorShape::invalid(format!(
+                "this connection watches too many sessions (at most {max}, EDGE_MAX_WATCHED_SESSIONS): unsubscribe from one first"
+            )).with_details(json!({ "code": "TOO_MANY_WATCHED_SESSIONS", "limit": max }))));
+        }
+        call.events.feed.follow(call.edge, &key).await;
         call.conn
             .message_watch
             .lock()

@@ -10,38 +10,22 @@
 //! live in this edge process's memory: they survive reloads and reconnects
 //! to the same edge, not an edge restart (documented in docs/gateway-edge.md).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
+use clawgate_common::clock::now_ms;
 use serde_json::{Map, Value, json};
-use session_store_api::store::now_ms;
 
 use super::{Answer, Call, fail};
-use crate::edge::Edge;
-use crate::params::Params;
+use crate::protocol::frames::{ErrorShape, without_nulls};
 
-/// Checks `params` against a closed list of keys.
-fn closed(
-    call: &Call<'_>,
-    keys: &[&str],
-) -> Result<(), (crate::frames::ErrorShape, Option<Value>)> {
-    Params::new(&call.request.method, call.params(), keys)
-        .map(|_| ())
-        .map_err(fail)
-}
-
-/// A constant answer for a method whose params are `keys`.
-pub(super) async fn constant(call: &Call<'_>, keys: &[&str], answer: Value) -> Answer {
-    closed(call, keys)?;
+/// A constant answer (its params checked by the table).
+pub(super) async fn constant(answer: Value) -> Answer {
     Ok(answer)
 }
 
 /// Answers that name the session they were asked about.
 pub(super) async fn per_session(call: &Call<'_>) -> Answer {
-    closed(call, &["sessionKey", "agentId"])?;
     let key = call
-        .params()
-        .get("sessionKey")
+        .params
+        .raw("sessionKey")
         .cloned()
         .unwrap_or(Value::Null);
     Ok(match call.request.method.as_str() {
@@ -63,13 +47,7 @@ pub(super) async fn per_session(call: &Call<'_>) -> Answer {
     })
 }
 
-pub(super) async fn agent_identity(call: &Call<'_>) -> Answer {
-    closed(call, &["agentId", "sessionKey"])?;
-    Ok(json!({ "agentId": "main", "name": "Assistant", "nameSource": "default", "avatar": "A" }))
-}
-
 pub(super) async fn models_auth_status(call: &Call<'_>) -> Answer {
-    closed(call, &["refresh", "agentId"])?;
     let catalog = super::catalog::runtime_catalog(call.edge).await?;
     let mut providers: Vec<&str> = catalog.models.iter().map(|m| m.provider.as_str()).collect();
     providers.sort_unstable();
@@ -85,21 +63,6 @@ pub(super) async fn models_auth_status(call: &Call<'_>) -> Answer {
         })
         .collect();
     Ok(json!({ "ts": now_ms(), "providers": providers, "providerCapabilities": [] }))
-}
-
-pub(super) async fn tasks_list(call: &Call<'_>) -> Answer {
-    closed(
-        call,
-        &[
-            "status",
-            "agentId",
-            "sessionKey",
-            "limit",
-            "cursor",
-            "sortBy",
-        ],
-    )?;
-    Ok(json!({ "tasks": [] }))
 }
 
 pub(super) const CRON_LIST_KEYS: &[&str] = &[
@@ -121,15 +84,14 @@ pub(super) const CRON_LIST_KEYS: &[&str] = &[
 ];
 
 pub(super) async fn cron_list(call: &Call<'_>) -> Answer {
-    closed(call, CRON_LIST_KEYS)?;
     let limit = call
-        .params()
-        .get("limit")
+        .params
+        .raw("limit")
         .and_then(Value::as_u64)
         .unwrap_or(50);
     let offset = call
-        .params()
-        .get("offset")
+        .params
+        .raw("offset")
         .and_then(Value::as_u64)
         .unwrap_or(0);
     Ok(json!({
@@ -139,30 +101,23 @@ pub(super) async fn cron_list(call: &Call<'_>) -> Answer {
 }
 
 pub(super) async fn mentions_list(call: &Call<'_>) -> Answer {
-    closed(call, &[])?;
     Ok(json!({ "gatewayInstanceId": call.edge.boot_id, "revision": 0, "items": [] }))
 }
 
 pub(super) async fn viewers_set(call: &Call<'_>) -> Answer {
-    closed(call, &["sessionKeys"])?;
-    let keys = call
-        .params()
-        .get("sessionKeys")
-        .cloned()
-        .unwrap_or(json!([]));
+    let keys = call.params.raw("sessionKeys").cloned().unwrap_or(json!([]));
     if !keys
         .as_array()
         .is_some_and(|k| k.iter().all(Value::is_string))
     {
-        return Err(fail(crate::frames::ErrorShape::invalid(
+        return Err(fail(ErrorShape::invalid(
             "invalid sessions.viewers.set params: /sessionKeys must be an array of strings",
         )));
     }
     Ok(json!({ "sessionKeys": keys }))
 }
 
-pub(super) async fn environments_list(call: &Call<'_>) -> Answer {
-    closed(call, &["runtimeId", "projection", "includeDesktopSetup"])?;
+pub(super) async fn environments_list() -> Answer {
     Ok(json!({ "environments": [{
         "id": "gateway", "type": "local", "label": "Gateway", "status": "available",
         "platform": std::env::consts::OS, "sessionHost": true, "trust": "persistent",
@@ -172,7 +127,6 @@ pub(super) async fn environments_list(call: &Call<'_>) -> Answer {
 
 /// The host this edge runs on.
 pub(super) async fn system_info(call: &Call<'_>) -> Answer {
-    closed(call, &[])?;
     let read = |path: &str| {
         std::fs::read_to_string(path)
             .map(|s| s.trim().to_owned())
@@ -195,7 +149,7 @@ pub(super) async fn system_info(call: &Call<'_>) -> Answer {
         other => other,
     };
     let os = std::env::consts::OS;
-    Ok(crate::frames::without_nulls(json!({
+    Ok(without_nulls(json!({
         "machineName": hostname, "hostname": hostname, "platform": os, "release": release,
         "arch": arch, "osLabel": format!("{os} {release}").trim().to_owned(),
         "port": call.edge.config.listen.port(), "pid": std::process::id(),
@@ -206,19 +160,14 @@ pub(super) async fn system_info(call: &Call<'_>) -> Answer {
     })))
 }
 
-/// Control UI preferences per user (the connection's requester), kept by
-/// this edge process.
-#[derive(Default)]
-pub struct UserPrefs {
-    by_user: Mutex<HashMap<String, Map<String, Value>>>,
-}
-
-/// Most preference entries one user may keep, and the largest entry (JSON).
+/// Most preference entries one user may keep, the largest entry (JSON)
+/// and the longest key.
 const MAX_PREF_ENTRIES: usize = 256;
 const MAX_PREF_BYTES: usize = 16 * 1024;
+const MAX_PREF_KEY_BYTES: usize = 256;
 
 pub(super) async fn prefs_get(call: &Call<'_>) -> Answer {
-    let p = Params::new("users.prefs.get", call.params(), &["keys"]).map_err(fail)?;
+    let p = &call.params;
     let keys: Option<Vec<&str>> = match p.value("keys") {
         None => None,
         Some(Value::Array(keys)) => Some(
@@ -231,27 +180,20 @@ pub(super) async fn prefs_get(call: &Call<'_>) -> Answer {
         ),
         Some(_) => return Err(fail(p.error("/keys must be array"))),
     };
-    let prefs = prefs_of(call.edge);
-    let all = prefs.by_user.lock().unwrap();
-    let mine = all.get(&call.conn.requester);
-    let entries: Map<String, Value> = mine
-        .map(|m| {
+    let entries: Map<String, Value> = call.edge.user_prefs.read(&call.conn.requester, |mine| {
+        mine.map(|m| {
             m.iter()
                 .filter(|(k, _)| keys.as_ref().is_none_or(|keys| keys.contains(&k.as_str())))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+    });
     Ok(json!({ "status": "ok", "entries": entries }))
 }
 
 pub(super) async fn prefs_set(call: &Call<'_>) -> Answer {
-    let p = Params::new(
-        "users.prefs.set",
-        call.params(),
-        &["entries", "expectedEntries"],
-    )
-    .map_err(fail)?;
+    let p = &call.params;
     let Some(Value::Object(entries)) = p.value("entries") else {
         return Err(fail(
             p.error("must have required property 'entries' (an object)"),
@@ -262,6 +204,11 @@ pub(super) async fn prefs_set(call: &Call<'_>) -> Answer {
         Some(Value::Object(e)) => Some(e),
         Some(_) => return Err(fail(p.error("/expectedEntries must be object"))),
     };
+    if entries.keys().any(|k| k.len() > MAX_PREF_KEY_BYTES) {
+        return Err(fail(
+            p.error(&format!("a key is over {MAX_PREF_KEY_BYTES} bytes")),
+        ));
+    }
     if entries
         .values()
         .any(|v| v.to_string().len() > MAX_PREF_BYTES)
@@ -270,35 +217,34 @@ pub(super) async fn prefs_set(call: &Call<'_>) -> Answer {
             p.error(&format!("an entry is over {MAX_PREF_BYTES} bytes")),
         ));
     }
-    let prefs = prefs_of(call.edge);
-    let mut all = prefs.by_user.lock().unwrap();
-    let mine = all.entry(call.conn.requester.clone()).or_default();
-    // Compare-and-set: each expected entry must hold (null: absent).
-    if let Some(expected) = expected {
-        let stale = expected
-            .iter()
-            .any(|(k, want)| mine.get(k).unwrap_or(&Value::Null) != want);
-        if stale {
-            return Ok(json!({ "status": "conflict", "entries": mine.clone() }));
+    let updated = call.edge.user_prefs.update(&call.conn.requester, |mine| {
+        // Compare-and-set: each expected entry must hold (null: absent).
+        if let Some(expected) = expected {
+            let stale = expected
+                .iter()
+                .any(|(k, want)| mine.get(k).unwrap_or(&Value::Null) != want);
+            if stale {
+                return Ok(json!({ "status": "conflict", "entries": mine.clone() }));
+            }
         }
-    }
-    let mut updated = mine.clone();
-    for (key, value) in entries {
-        if value.is_null() {
-            updated.remove(key);
-        } else {
-            updated.insert(key.clone(), value.clone());
+        let mut updated = mine.clone();
+        for (key, value) in entries {
+            if value.is_null() {
+                updated.remove(key);
+            } else {
+                updated.insert(key.clone(), value.clone());
+            }
         }
-    }
-    if updated.len() > MAX_PREF_ENTRIES {
-        return Err(fail(
-            p.error(&format!("more than {MAX_PREF_ENTRIES} preferences")),
-        ));
-    }
-    *mine = updated;
-    Ok(json!({ "status": "ok" }))
-}
-
-fn prefs_of(edge: &Arc<Edge>) -> &UserPrefs {
-    &edge.user_prefs
+        if updated.len() > MAX_PREF_ENTRIES {
+            return Err(fail(
+                p.error(&format!("more than {MAX_PREF_ENTRIES} preferences")),
+            ));
+        }
+        *mine = updated;
+        Ok(json!({ "status": "ok" }))
+    });
+    updated.unwrap_or_else(|full| {
+        call.edge.metrics.limit_hit("EDGE_USER_PREFS");
+        Err(fail(ErrorShape::unavailable(full)))
+    })
 }

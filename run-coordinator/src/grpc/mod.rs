@@ -1,6 +1,5 @@
-//! The coordinator's gRPC face: the tonic adapter and the one place where
-//! errors become status codes.
+//! The coordinator's gRPC face: the tonic adapter. The conversions and the
+//! one mapping between errors and status codes are the API crate's
+//! (`run_coordinator_api::grpc`), shared with the clients.
 
-pub mod convert;
 pub mod service;
-pub mod status;

@@ -11,12 +11,13 @@ use session_store_api::SessionKey;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::convert::*;
-use super::status::to_status;
+use run_coordinator_api::error::CoordinatorError;
+use run_coordinator_api::events::{StreamItem, StreamReset};
+use run_coordinator_api::grpc::convert::*;
+use run_coordinator_api::grpc::status::to_status;
+use run_coordinator_api::model::RuntimeInfo;
+
 use crate::coordinator::Coordinator;
-use crate::error::CoordinatorError;
-use crate::events::StreamReset;
-use crate::model::{Admission, CancelTarget};
 
 pub struct RunCoordinatorService {
     coordinator: Coordinator,
@@ -38,25 +39,12 @@ type GrpcResult<T> = Result<Response<T>, Status>;
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SubscribeResponse, Status>> + Send>>;
 
 fn reset_item(reset: StreamReset) -> pb::SubscribeResponse {
-    pb::SubscribeResponse {
-        item: Some(pb::subscribe_response::Item::Reset(pb::StreamReset {
-            reason: reset.reason,
-            epoch: reset.epoch.to_string(),
-        })),
-    }
+    stream_item_to_pb(&StreamItem::Reset(reset))
 }
 
-fn event_item(event: &crate::events::RunEvent) -> pb::SubscribeResponse {
+fn event_item(event: &run_coordinator_api::events::RunEvent) -> pb::SubscribeResponse {
     pb::SubscribeResponse {
         item: Some(pb::subscribe_response::Item::Event(event_to_pb(event))),
-    }
-}
-
-fn subscribed_item(epoch: &str) -> pb::SubscribeResponse {
-    pb::SubscribeResponse {
-        item: Some(pb::subscribe_response::Item::Subscribed(pb::Subscribed {
-            epoch: epoch.to_owned(),
-        })),
     }
 }
 
@@ -83,16 +71,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
         self.owner()?;
         let submit = submit_from_pb(request.into_inner()).map_err(to_status)?;
         let done = self.coordinator.submit(submit).await.map_err(to_status)?;
-        let admission = match done.admission {
-            Admission::Accepted => pb::Admission::Accepted,
-            Admission::InFlight => pb::Admission::InFlight,
-            Admission::Completed => pb::Admission::Completed,
-        };
-        Ok(Response::new(pb::SubmitResponse {
-            admission: admission as i32,
-            snapshot: Some(snapshot_to_pb(done.snapshot)),
-            accepted_at_ms: done.accepted_at_ms,
-        }))
+        Ok(Response::new(submitted_to_pb(done)))
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> GrpcResult<pb::GetResponse> {
@@ -120,26 +99,12 @@ impl GrpcRunCoordinator for RunCoordinatorService {
             () = self.stopping.cancelled() => self.coordinator.wait(&req.run_id, Duration::ZERO).await,
         }
         .map_err(to_status)?;
-        Ok(Response::new(pb::WaitResponse {
-            terminal: waited.terminal,
-            unknown: waited.unknown,
-            snapshot: waited.snapshot.map(snapshot_to_pb),
-        }))
+        Ok(Response::new(wait_to_pb(waited)))
     }
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> GrpcResult<pb::CancelResponse> {
         self.owner()?;
-        let target = match request.into_inner().target {
-            Some(pb::cancel_request::Target::RunId(id)) => CancelTarget::Run(id),
-            Some(pb::cancel_request::Target::SessionKey(key)) => {
-                CancelTarget::Session(SessionKey::parse(&key).map_err(|e| to_status(e.into()))?)
-            }
-            None => {
-                return Err(to_status(CoordinatorError::invalid(
-                    "cancel needs a run_id or a session_key",
-                )));
-            }
-        };
+        let target = cancel_target_from_pb(request.into_inner().target).map_err(to_status)?;
         let runs = self.coordinator.cancel(target).await.map_err(to_status)?;
         Ok(Response::new(pb::CancelResponse {
             runs: runs.into_iter().map(snapshot_to_pb).collect(),
@@ -155,9 +120,11 @@ impl GrpcRunCoordinator for RunCoordinatorService {
         self.owner()?;
         let req = request.into_inner();
         let epoch = Some(req.epoch.as_str()).filter(|e| !e.is_empty());
-        let subscribed = futures::stream::once(std::future::ready(Ok(subscribed_item(
-            self.coordinator.epoch(),
-        ))));
+        let subscribed = StreamItem::Subscribed {
+            epoch: self.coordinator.epoch().to_owned(),
+        };
+        let subscribed =
+            futures::stream::once(std::future::ready(Ok(stream_item_to_pb(&subscribed))));
         let stream: EventStream = match req.filter {
             Some(pb::subscribe_request::Filter::RunId(run_id)) => {
                 match self.coordinator.subscribe_run(&run_id, req.from_seq, epoch) {
@@ -224,11 +191,9 @@ impl GrpcRunCoordinator for RunCoordinatorService {
             .models()
             .await
             .map_err(|e| Status::unavailable(format!("agent runtime: {e}")))?;
-        let catalog = crate::runtime::grpc::catalog_to_pb(catalog);
-        Ok(Response::new(pb::DescribeRuntimeResponse {
-            runtime: runtime.name().to_owned(),
-            models: catalog.models,
-            default_model: catalog.default_model,
-        }))
+        Ok(Response::new(runtime_to_pb(RuntimeInfo {
+            name: runtime.name().to_owned(),
+            catalog,
+        })))
     }
 }

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
+
+pub use run_coordinator_api::model::{ModelCatalog, ModelInfo, Usage};
 use tokio_util::sync::CancellationToken;
 
 /// One earlier turn of the session, as stored in the transcript.
@@ -133,13 +135,6 @@ impl Inputs {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub total_tokens: u64,
-}
-
 /// What a runtime reports while it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeEvent {
@@ -218,26 +213,6 @@ impl fmt::Display for RuntimeError {
 }
 
 impl std::error::Error for RuntimeError {}
-
-/// A model a runtime offers (what `models.list` shows).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ModelInfo {
-    pub id: String,
-    /// Display name (the id when empty).
-    pub name: String,
-    pub provider: String,
-    pub context_window: Option<u64>,
-    pub reasoning: bool,
-    /// Input kinds it takes: "text", "image".
-    pub input: Vec<String>,
-}
-
-/// The models a runtime offers, and the one a run without a choice uses.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ModelCatalog {
-    pub models: Vec<ModelInfo>,
-    pub default_model: Option<String>,
-}
 
 /// The events of one execution; an `Err` item ends the run as failed.
 pub type RuntimeStream = BoxStream<'static, Result<RuntimeEvent, RuntimeError>>;

@@ -1,7 +1,10 @@
-//! A small cluster for tests: a session-store gRPC server (embedded file or
-//! PostgreSQL schema) and a coordinator gRPC server that reaches the store
-//! over gRPC, plus a runtime that records every execution.
-#![allow(dead_code)]
+//! What the coordinator's tests share beyond the test kit
+//! (`clawgate-system-tests`, whose sandbox and waits are re-exported here):
+//! runtimes that record every execution or hold a run, requests and their
+//! checks, and a coordinator in this process without any socket for tests
+//! on paused time ([`Local`]).
+// Each test binary uses a part of this module, the re-exports included.
+#![allow(dead_code, unused_imports)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,15 +18,17 @@ use run_coordinator::Coordinator;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
 use run_coordinator::runtime::{AgentRuntime, RuntimeError, RuntimeRequest, RuntimeStream};
-use session_store::SessionStore;
-use session_store::backend::embedded::{EmbeddedOptions, EmbeddedStore};
-use session_store::backend::postgres::{self, PgOptions, PostgresStore};
 use session_store::grpc::client::RemoteStore;
-use session_store::server::{ServeOptions, serve_store};
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+
+pub use clawgate_system_tests::sandbox::{Backend, Sandbox};
+pub use clawgate_system_tests::wait::{wait_for, wait_until};
+
+/// How long a test waits for what it expects: a bound on a broken
+/// coordinator, never a measurement.
+pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// One execution as the runtime saw it.
 #[derive(Debug, Clone)]
@@ -132,153 +137,20 @@ impl AgentRuntime for Recording {
     }
 }
 
-pub fn postgres_url() -> String {
-    std::env::var("CLAWGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-pub enum Backend {
-    Embedded,
-    Postgres,
-}
-
-/// A running store + coordinator; both stop when it is dropped.
-pub struct Cluster {
-    pub client: RunCoordinatorClient<Channel>,
-    /// The store as the coordinator sees it (over gRPC).
-    pub store: RemoteStore,
-    pub coordinator_url: String,
-    pub store_url: String,
-    pub coordinator: Coordinator,
-    /// The store server's own operation metrics (every call it served).
-    pub store_metrics: session_store::metrics::StoreMetrics,
-    stop: CancellationToken,
-    pg_schema: Option<String>,
-    _dir: tempfile::TempDir,
-}
-
-/// A fresh store on `backend`: a file in `dir`, or a PostgreSQL schema of its
-/// own (named in the answer; [`drop_pg_schema`] drops it). PostgreSQL
-/// missing fails the test: it is never skipped.
-pub async fn open_store(
-    backend: Backend,
-    dir: &tempfile::TempDir,
-) -> (Arc<dyn SessionStore>, Option<String>) {
-    match backend {
-        Backend::Embedded => {
-            let store =
-                EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default())
-                    .await
-                    .unwrap();
-            (Arc::new(store), None)
-        }
-        Backend::Postgres => {
-            let schema = format!("rctest_{}", uuid::Uuid::new_v4().simple());
-            let options = PgOptions {
-                schema: Some(schema.clone()),
-                ..PgOptions::default()
-            };
-            let store = PostgresStore::connect(&postgres_url(), options)
-                .await
-                .unwrap();
-            (Arc::new(store), Some(schema))
-        }
-    }
-}
-
-/// Drops the PostgreSQL schema [`open_store`] made, if it made one.
-pub async fn drop_pg_schema(schema: Option<&str>) {
-    if let Some(schema) = schema {
-        postgres::drop_schema(&postgres_url(), schema)
-            .await
-            .unwrap();
-    }
-}
-
-/// Serves the store on port 0; returns its URL.
-pub async fn serve_store_on_port0(
-    backend: Arc<dyn SessionStore>,
-    stop: CancellationToken,
-) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(serve_store(
-        backend,
-        ServeOptions::default(),
-        listener,
-        stop.cancelled_owned(),
-    ));
-    url
-}
-
+/// A client of the coordinator at `url` on a connection of its own.
 pub async fn connect(url: &str) -> RunCoordinatorClient<Channel> {
     RunCoordinatorClient::connect(url.to_owned()).await.unwrap()
 }
 
-impl Cluster {
-    pub async fn start(runtime: Arc<dyn AgentRuntime>, config: CoordinatorConfig) -> Self {
-        Self::start_on(Backend::Embedded, runtime, config).await
-    }
-
-    pub async fn start_on(
-        backend: Backend,
-        runtime: Arc<dyn AgentRuntime>,
-        config: CoordinatorConfig,
-    ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let stop = CancellationToken::new();
-        let (backend, pg_schema) = open_store(backend, &dir).await;
-        let store_metrics = session_store::metrics::StoreMetrics::default();
-        let backend = Arc::new(session_store::metrics::Metered::new(
-            backend,
-            store_metrics.clone(),
-        ));
-        let store_url = serve_store_on_port0(backend, stop.clone()).await;
-        let store = RemoteStore::connect(&store_url).await.unwrap();
-        let coordinator = Coordinator::start(Arc::new(store.clone()), runtime, config)
-            .await
-            .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let coordinator_url = format!("http://{}", listener.local_addr().unwrap());
-        let options = run_coordinator::server::ServeOptions {
-            drain_timeout: Duration::from_secs(5),
-            ..Default::default()
-        };
-        tokio::spawn(run_coordinator::server::serve_coordinator(
-            coordinator.clone(),
-            options,
-            listener,
-            stop.clone().cancelled_owned(),
-        ));
-        let client = connect(&coordinator_url).await;
-        Self {
-            client,
-            store,
-            coordinator_url,
-            store_url,
-            coordinator,
-            store_metrics,
-            stop,
-            pg_schema,
-            _dir: dir,
-        }
-    }
-
-    pub async fn finish(self) {
-        self.stop.cancel();
-        drop_pg_schema(self.pg_schema.as_deref()).await;
-    }
-}
-
 /// An in-process Submit of a chat turn (`enqueue`) to `session`.
-pub fn request(run_id: &str, session: &str) -> run_coordinator::model::SubmitRequest {
-    run_coordinator::model::SubmitRequest {
+pub fn request(run_id: &str, session: &str) -> run_coordinator_api::model::SubmitRequest {
+    run_coordinator_api::model::SubmitRequest {
         run_id: run_id.into(),
         session_key: session_store::SessionKey::parse(session).unwrap(),
-        spec: run_coordinator::model::RunSpec {
+        spec: run_coordinator_api::model::RunSpec {
             kind: "chat".into(),
             message: format!("message of {run_id}"),
-            queue_mode: run_coordinator::model::QueueMode::Enqueue,
+            queue_mode: run_coordinator_api::model::QueueMode::Enqueue,
             timeout_ms: None,
             options: serde_json::json!({}),
             requester: String::new(),
@@ -334,17 +206,16 @@ pub fn status(snapshot: &pb::RunSnapshot) -> session_store::model::RunStatus {
         .expect("a status")
 }
 
-/// Polls the run's snapshot until `check` holds (or the deadline passes,
-/// naming `what`); the snapshot that held.
+/// The run's snapshot once `check` holds (naming `what` it waits for);
+/// the snapshot that held.
 pub async fn until_snapshot(
-    cluster: &Cluster,
+    cluster: &Sandbox,
     run_id: &str,
     what: &str,
     check: impl Fn(&pb::RunSnapshot) -> bool,
 ) -> pb::RunSnapshot {
-    let mut client = cluster.client.clone();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let mut client = cluster.client();
+    wait_for(format!("{run_id}: {what}"), DEADLINE, async || {
         let snapshot = client
             .get(pb::GetRequest {
                 run_id: run_id.into(),
@@ -355,20 +226,12 @@ pub async fn until_snapshot(
             .snapshot
             .unwrap();
         if check(&snapshot) {
-            return snapshot;
+            Ok(snapshot)
+        } else {
+            Err(format!("{snapshot:?}"))
         }
-        assert!(Instant::now() < deadline, "{run_id}: {what}: {snapshot:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Polls `check` until it holds or the deadline passes.
-pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    })
+    .await
 }
 
 pub fn counts(executions: &[Execution]) -> HashMap<String, usize> {
@@ -381,7 +244,7 @@ pub fn counts(executions: &[Execution]) -> HashMap<String, usize> {
 
 /// A session's whole current transcript, read from the store.
 pub async fn transcript(
-    cluster: &Cluster,
+    cluster: &Sandbox,
     key: &str,
 ) -> Vec<session_store::model::TranscriptEntry> {
     use session_store::SessionStore;
@@ -495,7 +358,7 @@ impl Local {
         run_id: &str,
         session: &str,
         message: &str,
-    ) -> run_coordinator::model::Submitted {
+    ) -> run_coordinator_api::model::Submitted {
         self.submit_with(run_id, session, message, serde_json::json!({}))
             .await
     }
@@ -506,19 +369,19 @@ impl Local {
         session: &str,
         message: &str,
         options: serde_json::Value,
-    ) -> run_coordinator::model::Submitted {
+    ) -> run_coordinator_api::model::Submitted {
         self.coordinator
             .submit(local_req(run_id, session, message, options))
             .await
             .unwrap_or_else(|e| panic!("submit {run_id}: {e}"))
     }
 
-    pub async fn get(&self, run_id: &str) -> Option<run_coordinator::model::RunSnapshot> {
+    pub async fn get(&self, run_id: &str) -> Option<run_coordinator_api::model::RunSnapshot> {
         self.coordinator.get(run_id).await.unwrap()
     }
 
     /// The run's terminal snapshot (a day of virtual time at most).
-    pub async fn finished(&self, run_id: &str) -> run_coordinator::model::RunSnapshot {
+    pub async fn finished(&self, run_id: &str) -> run_coordinator_api::model::RunSnapshot {
         let waited = self
             .coordinator
             .wait(run_id, Duration::from_secs(86_400))
@@ -528,23 +391,22 @@ impl Local {
         waited.snapshot.unwrap()
     }
 
-    /// Polls the run's snapshot until `check` holds (a virtual minute at
-    /// most, naming `what`).
+    /// The run's snapshot once `check` holds (a virtual minute at most,
+    /// naming `what`).
     pub async fn until(
         &self,
         run_id: &str,
         what: &str,
-        check: impl Fn(&run_coordinator::model::RunSnapshot) -> bool,
-    ) -> run_coordinator::model::RunSnapshot {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let snapshot = self.get(run_id).await;
-            if let Some(snapshot) = snapshot.as_ref().filter(|s| check(s)) {
-                return snapshot.clone();
+        check: impl Fn(&run_coordinator_api::model::RunSnapshot) -> bool,
+    ) -> run_coordinator_api::model::RunSnapshot {
+        let within = Duration::from_secs(60);
+        wait_for(format!("{run_id}: {what}"), within, async || {
+            match self.get(run_id).await {
+                Some(snapshot) if check(&snapshot) => Ok(snapshot),
+                other => Err(format!("{other:?}")),
             }
-            assert!(Instant::now() < deadline, "{run_id}: {what}: {snapshot:?}");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        })
+        .await
     }
 }
 
@@ -553,14 +415,14 @@ pub fn local_req(
     session: &str,
     message: &str,
     options: serde_json::Value,
-) -> run_coordinator::model::SubmitRequest {
-    run_coordinator::model::SubmitRequest {
+) -> run_coordinator_api::model::SubmitRequest {
+    run_coordinator_api::model::SubmitRequest {
         run_id: run_id.into(),
         session_key: session_store::SessionKey::parse(session).unwrap(),
-        spec: run_coordinator::model::RunSpec {
+        spec: run_coordinator_api::model::RunSpec {
             kind: "agent".into(),
             message: message.into(),
-            queue_mode: run_coordinator::model::QueueMode::Enqueue,
+            queue_mode: run_coordinator_api::model::QueueMode::Enqueue,
             timeout_ms: None,
             options,
             requester: String::new(),

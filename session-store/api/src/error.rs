@@ -1,6 +1,7 @@
 //! The one error type of the session store. The gRPC adapter maps it to status
 //! codes in `grpc::status`; the remote client maps it back, losslessly.
 
+use crate::invalid::Invalid;
 use crate::model::{Lease, RunRecord, Session};
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -52,6 +53,12 @@ pub enum StoreError {
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<Invalid> for StoreError {
+    fn from(invalid: Invalid) -> Self {
+        Self::InvalidArgument(invalid.0)
+    }
 }
 
 impl StoreError {

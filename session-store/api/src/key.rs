@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::error::StoreError;
+use crate::invalid::Invalid;
 
 pub const MAX_SESSION_KEY_CHARS: usize = 512;
 const DEFAULT_AGENT_ID: &str = "main";
@@ -21,23 +21,23 @@ const MAX_AGENT_ID_CHARS: usize = 64;
 pub struct SessionKey(String);
 
 impl SessionKey {
-    pub fn parse(raw: &str) -> Result<Self, StoreError> {
+    pub fn parse(raw: &str) -> Result<Self, Invalid> {
         if raw.is_empty() {
-            return Err(StoreError::invalid("sessionKey must not be empty"));
+            return Err(Invalid::new("sessionKey must not be empty"));
         }
         let chars = raw.chars().count();
         if chars > MAX_SESSION_KEY_CHARS {
-            return Err(StoreError::invalid(format!(
+            return Err(Invalid::new(format!(
                 "sessionKey is {chars} characters; the maximum is {MAX_SESSION_KEY_CHARS}"
             )));
         }
         if raw.trim() != raw {
-            return Err(StoreError::invalid(
+            return Err(Invalid::new(
                 "sessionKey must not start or end with whitespace",
             ));
         }
         if raw.chars().any(char::is_control) {
-            return Err(StoreError::invalid(
+            return Err(Invalid::new(
                 "sessionKey must not contain control characters",
             ));
         }
@@ -71,9 +71,9 @@ fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
         .then(|| &s[prefix.len()..])
 }
 
-fn parse_agent_scoped(after_prefix: &str) -> Result<String, StoreError> {
+fn parse_agent_scoped(after_prefix: &str) -> Result<String, Invalid> {
     let malformed = |why: &str| {
-        StoreError::invalid(format!(
+        Invalid::new(format!(
             "malformed sessionKey \"agent:{after_prefix}\": {why} (expected agent:<agentId>:<key>)"
         ))
     };
@@ -135,10 +135,7 @@ mod tests {
             "agent:a b:c",
         ] {
             let err = SessionKey::parse(bad).unwrap_err();
-            assert!(
-                matches!(err, StoreError::InvalidArgument(_)),
-                "{bad:?}: {err:?}"
-            );
+            assert!(matches!(err, Invalid(_)), "{bad:?}: {err:?}");
         }
         assert!(SessionKey::parse(&"k".repeat(MAX_SESSION_KEY_CHARS)).is_ok());
         let long = SessionKey::parse(&"k".repeat(MAX_SESSION_KEY_CHARS + 1)).unwrap_err();

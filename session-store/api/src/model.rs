@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::error::StoreError;
+use crate::invalid::Invalid;
 use crate::key::SessionKey;
 
 /// Sessions and runs are identified by their `sessionId` UUID and `runId` string.
@@ -12,32 +12,30 @@ pub type SessionId = Uuid;
 pub const MAX_RUN_ID_CHARS: usize = 256;
 
 /// Checks a runId (= idempotency key): 1..=256 characters, no control characters.
-pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
+pub fn validate_run_id(run_id: &str) -> Result<(), Invalid> {
     if run_id.is_empty() {
-        return Err(StoreError::invalid("runId must not be empty"));
+        return Err(Invalid::new("runId must not be empty"));
     }
     if run_id.chars().count() > MAX_RUN_ID_CHARS {
-        return Err(StoreError::invalid(format!(
+        return Err(Invalid::new(format!(
             "runId is longer than {MAX_RUN_ID_CHARS} characters"
         )));
     }
     if run_id.chars().any(char::is_control) {
-        return Err(StoreError::invalid(
-            "runId must not contain control characters",
-        ));
+        return Err(Invalid::new("runId must not contain control characters"));
     }
     Ok(())
 }
 
 /// Parses a sessionId sent by a caller.
-pub fn parse_session_id(raw: &str) -> Result<SessionId, StoreError> {
+pub fn parse_session_id(raw: &str) -> Result<SessionId, Invalid> {
     Uuid::parse_str(raw).map_err(|_| {
         // Quotes the start only: the input may be megabytes.
         let mut shown: String = raw.chars().take(40).collect();
         if shown.len() < raw.len() {
             shown.push('…');
         }
-        StoreError::invalid(format!("sessionId {shown:?} is not a UUID"))
+        Invalid::new(format!("sessionId {shown:?} is not a UUID"))
     })
 }
 
@@ -236,55 +234,8 @@ pub struct DeleteOutcome {
     pub superseded_run_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    Accepted,
-    Queued,
-    Running,
-    Ok,
-    Error,
-    Aborted,
-    Timeout,
-    Superseded,
-    Lost,
-}
-
-impl RunStatus {
-    pub const ALL: [RunStatus; 9] = [
-        Self::Accepted,
-        Self::Queued,
-        Self::Running,
-        Self::Ok,
-        Self::Error,
-        Self::Aborted,
-        Self::Timeout,
-        Self::Superseded,
-        Self::Lost,
-    ];
-
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, Self::Accepted | Self::Queued | Self::Running)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Accepted => "accepted",
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Ok => "ok",
-            Self::Error => "error",
-            Self::Aborted => "aborted",
-            Self::Timeout => "timeout",
-            Self::Superseded => "superseded",
-            Self::Lost => "lost",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|status| status.as_str() == s)
-    }
-}
+/// A run's status: shared with the coordinator, which reports it.
+pub use clawgate_common::run::RunStatus;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunRecord {

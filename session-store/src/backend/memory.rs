@@ -12,7 +12,8 @@ use crate::key::SessionKey;
 use crate::model::*;
 use crate::rules::ownership::{self, check_owner};
 use crate::rules::{self, SessionSlot};
-use crate::store::{SessionStore, now_ms};
+use crate::store::SessionStore;
+use clawgate_common::clock::now_ms;
 
 pub struct MemoryStore {
     inner: Mutex<Inner>,

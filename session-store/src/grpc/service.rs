@@ -13,7 +13,8 @@ use super::convert::*;
 use super::status::to_status;
 use crate::key::SessionKey;
 use crate::model::{DeleteOutcome, ListQuery, ResetOutcome};
-use crate::store::{SessionStore, now_ms};
+use crate::store::SessionStore;
+use clawgate_common::clock::now_ms;
 
 pub struct SessionStoreService {
     store: Arc<dyn SessionStore>,
@@ -42,9 +43,12 @@ type GrpcResult<T> = Result<Response<T>, Status>;
 const WATCH_DEFAULT_INTERVAL_MS: u32 = 1000;
 const WATCH_MIN_INTERVAL_MS: u32 = 100;
 const WATCH_MAX_INTERVAL_MS: u32 = 60_000;
+/// Intervals without a change after which a watch sends the table anyway,
+/// so that its watcher can tell a quiet table from a silent stream.
+const WATCH_KEEPALIVE_INTERVALS: u32 = 10;
 
 fn key(raw: &str) -> Result<SessionKey, Status> {
-    SessionKey::parse(raw).map_err(to_status)
+    SessionKey::parse(raw).map_err(|e| to_status(e.into()))
 }
 
 fn reset_to_pb(out: ResetOutcome) -> pb::ResetSessionResponse {
@@ -99,7 +103,8 @@ impl GrpcSessionStore for SessionStoreService {
         let req = request.into_inner();
         let append = crate::model::AppendEntries {
             key: key(&req.session_key)?,
-            session_id: crate::model::parse_session_id(&req.session_id).map_err(to_status)?,
+            session_id: crate::model::parse_session_id(&req.session_id)
+                .map_err(|e| to_status(e.into()))?,
             run_id: req.run_id,
             fence_token: req.fence_token,
             entries: req.entries.into_iter().map(new_entry_from_pb).collect(),
@@ -363,20 +368,27 @@ impl GrpcSessionStore for SessionStoreService {
             let mut tick = tokio::time::interval(Duration::from_millis(u64::from(interval_ms)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
+            let mut quiet_intervals = 0;
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
                     () = tx.closed() => return,
                     () = stopping.cancelled() => return,
                 }
+                quiet_intervals += 1;
                 let item = match store.list_leases().await {
-                    Ok(table) if table.leases == last => continue,
+                    Ok(table)
+                        if table.leases == last && quiet_intervals < WATCH_KEEPALIVE_INTERVALS =>
+                    {
+                        continue;
+                    }
                     Ok(table) => {
                         last = table.leases.clone();
                         Ok(table_to_pb(table))
                     }
                     Err(err) => Err(to_status(err)),
                 };
+                quiet_intervals = 0;
                 let failed = item.is_err();
                 if tx.send(item).await.is_err() || failed {
                     return;

@@ -8,10 +8,7 @@ use session_store::backend::memory::MemoryStore;
 use session_store::backend::postgres::{self, PgOptions, PostgresStore};
 
 /// The PostgreSQL the tests use; `.ci/run` makes sure it is running.
-pub fn postgres_url() -> String {
-    std::env::var("CLAWGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+pub use clawgate_system_tests::postgres_url;
 
 pub struct Harness {
     store: Arc<dyn SessionStore>,

@@ -673,7 +673,7 @@ pub async fn list_sessions_newest_first(store: &dyn SessionStore) {
     let none_recent = store
         .list_sessions(ListQuery {
             limit: 10,
-            updated_since_ms: Some(session_store::store::now_ms() + 60_000),
+            updated_since_ms: Some(clawgate_common::clock::now_ms() + 60_000),
             ..ListQuery::default()
         })
         .await
@@ -858,7 +858,7 @@ pub async fn retention_removes_only_terminal_runs(store: &dyn SessionStore) {
     // A cutoff before the runs ended removes nothing.
     assert_eq!(store.purge_expired_runs(0).await.unwrap(), 0);
     // A cutoff in the future removes exactly the terminal ones.
-    let future = session_store::store::now_ms() + 1_000;
+    let future = clawgate_common::clock::now_ms() + 1_000;
     assert_eq!(store.purge_expired_runs(future).await.unwrap(), 2);
     assert!(store.get_run("done-ok").await.unwrap().is_none());
     assert!(store.get_run("done-error").await.unwrap().is_none());

@@ -1,9 +1,10 @@
 //! The ownership cases of the conformance suite: partition leases, and the
 //! owner token every coordinator write carries.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clawgate_common::partition::{DEFAULT_PARTITIONS, partition_of};
+use clawgate_system_tests::wait::wait_for;
 use session_store::model::*;
 use session_store::{SessionKey, SessionStore, StoreError};
 
@@ -280,19 +281,15 @@ pub async fn an_expired_lease_is_taken_and_its_epoch_fenced(store: &dyn SessionS
         .await
         .unwrap();
     let a_token = a.granted[0].token().unwrap();
-    // Expiry is by the store's clock: poll until another member may take it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let b = loop {
+    // Expiry is by the store's clock: wait until another member may take it.
+    let b = wait_for("the lease to expire", Duration::from_secs(30), async || {
         let b = store
             .acquire_leases(take("b", vec![7], 60_000, false))
             .await
             .unwrap();
-        if !b.granted.is_empty() {
-            break b;
-        }
-        assert!(Instant::now() < deadline, "the lease never expired");
-        tokio::task::yield_now().await;
-    };
+        (!b.granted.is_empty()).then_some(b)
+    })
+    .await;
     assert_eq!(b.granted[0].epoch, 2);
     let renewed = store
         .renew_leases(RenewLeases {

@@ -1,47 +1,25 @@
 //! The contract's messages to and from the runtime types.
 
 use clawgate_proto::agent_runtime::v1 as pb;
+use run_coordinator_api::grpc::convert::{model_from_pb, model_to_pb};
 use tonic::Status;
 
 use crate::runtime::{
-    Attachment, ErrorKind, HistoryMessage, Inputs, ModelCatalog, ModelInfo, RuntimeError,
-    RuntimeEvent, RuntimeRequest, Usage,
+    Attachment, ErrorKind, HistoryMessage, Inputs, ModelCatalog, RuntimeError, RuntimeEvent,
+    RuntimeRequest, Usage,
 };
 
 pub(super) fn catalog_from_pb(response: pb::ListModelsResponse) -> ModelCatalog {
     ModelCatalog {
-        models: response
-            .models
-            .into_iter()
-            .map(|m| ModelInfo {
-                id: m.id,
-                name: m.name,
-                provider: m.provider,
-                context_window: (m.context_window > 0).then_some(m.context_window),
-                reasoning: m.reasoning,
-                input: m.input,
-            })
-            .collect(),
+        models: response.models.into_iter().map(model_from_pb).collect(),
         default_model: Some(response.default_model).filter(|m| !m.is_empty()),
     }
 }
 
-/// A catalog in the contract's words (also what the coordinator answers
-/// `DescribeRuntime` with).
+/// A catalog in the contract's words.
 pub fn catalog_to_pb(catalog: ModelCatalog) -> pb::ListModelsResponse {
     pb::ListModelsResponse {
-        models: catalog
-            .models
-            .into_iter()
-            .map(|m| pb::Model {
-                id: m.id,
-                name: m.name,
-                provider: m.provider,
-                context_window: m.context_window.unwrap_or(0),
-                reasoning: m.reasoning,
-                input: m.input,
-            })
-            .collect(),
+        models: catalog.models.into_iter().map(model_to_pb).collect(),
         default_model: catalog.default_model.unwrap_or_default(),
     }
 }

@@ -68,7 +68,7 @@ impl<R: AgentRuntime + ?Sized> RuntimeService<R> {
         if let Some(previous) = previous {
             // A new call for the same run replaces the old one (its client is
             // presumably gone, e.g. a retry that raced the reset).
-            tracing::warn!(%run_id, "run executed again while running; cancelling the earlier execution");
+            clawgate_telemetry::limited!(warn, %run_id, "run executed again while running; cancelling the earlier execution");
             previous.cancel.cancel();
         }
         RunGuard {

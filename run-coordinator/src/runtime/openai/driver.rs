@@ -103,7 +103,8 @@ impl Driver {
                     return ChainEnd::Over;
                 }
                 if retry >= self.config.max_retries {
-                    tracing::warn!(
+                    clawgate_telemetry::limited!(
+                        warn,
                         run_id = %self.run_id,
                         model = %model,
                         error = %failure.error,
@@ -113,7 +114,8 @@ impl Driver {
                     break;
                 }
                 let delay = backoff_delay(&self.config, retry, failure.retry_after);
-                tracing::warn!(
+                clawgate_telemetry::limited!(
+                        warn,
                     run_id = %self.run_id,
                     model = %model,
                     retry = retry + 1,

@@ -137,7 +137,8 @@ impl Turn {
                 Ok(Flow::Continue)
             }
             Err(e) => {
-                tracing::warn!(
+                clawgate_telemetry::limited!(
+                    warn,
                     run_id = %self.run_id,
                     model = %self.model,
                     error = %e,
@@ -291,7 +292,7 @@ impl Turn {
                 continue;
             }
             let Some(name) = tool.name.clone() else {
-                tracing::warn!(run_id = %self.run_id, index, "dropping a tool call that has no name");
+                clawgate_telemetry::limited!(warn, run_id = %self.run_id, index, "dropping a tool call that has no name");
                 continue;
             };
             let id = tool

@@ -59,7 +59,7 @@ fn session(s: Option<pb::Session>) -> StoreResult<Session> {
 }
 
 fn optional_id(raw: Option<String>) -> StoreResult<Option<SessionId>> {
-    raw.as_deref().map(parse_session_id).transpose()
+    Ok(raw.as_deref().map(parse_session_id).transpose()?)
 }
 
 fn record(r: Option<pb::RunRecord>) -> StoreResult<RunRecord> {

@@ -198,7 +198,7 @@ pub fn run_from_pb(r: pb::RunRecord) -> Result<RunRecord, StoreError> {
 pub fn expected_session_from_pb(raw: &str) -> Result<ExpectedSession, StoreError> {
     match raw {
         "" | "current" => Ok(ExpectedSession::Current),
-        id => parse_session_id(id).map(ExpectedSession::Id),
+        id => Ok(ExpectedSession::Id(parse_session_id(id)?)),
     }
 }
 

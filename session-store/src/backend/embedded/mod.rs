@@ -11,17 +11,16 @@
 //!
 //! Reads use redb read transactions on the blocking pool and see only
 //! committed data.
+//!
+//! Long file: the `SessionStore` impl is one block of the trait's two dozen
+//! methods, and a trait impl cannot be split across files; each method is
+//! one transaction over the helpers in `tables.rs` (the rows) and `writer.rs` (the group commit).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-    WriteTransaction,
-};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -30,26 +29,13 @@ use crate::key::SessionKey;
 use crate::model::*;
 use crate::rules::ownership;
 use crate::rules::{self, SessionSlot};
-use crate::store::{SessionStore, now_ms};
+use crate::store::SessionStore;
+use clawgate_common::clock::now_ms;
 
+mod tables;
 mod writer;
+use tables::*;
 use writer::{Completion, Job, Lane, WriteQueue, run_writer};
-
-/// Session key → `SessionSlot` (JSON). Rows are never removed: they carry the
-/// fence counter that must not be reused. Fields added later have serde
-/// defaults, so rows written before them still decode (`settings_json`).
-const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
-/// (sessionId as u128, seq) → `TranscriptEntry` (JSON).
-const TRANSCRIPTS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("transcripts");
-/// runId → `RunRecord` (JSON).
-const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
-/// partition → `Lease` (JSON); a partition without a row was never owned.
-const LEASES: TableDefinition<u32, &[u8]> = TableDefinition::new("leases");
-/// member id → `Member` (JSON): the member registry. Expired rows stay until
-/// the next heartbeat prunes them; nothing answers them.
-const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
-/// Settings fixed at the store's first start (`partition_count`).
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
@@ -86,6 +72,21 @@ pub struct EmbeddedStore {
     max_members: usize,
 }
 
+/// Creates the store file readable and writable by its owner only (0600:
+/// it holds every transcript); an existing file keeps its mode. redb makes
+/// a database in an empty file.
+fn create_private(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 impl EmbeddedStore {
     /// Opens (or creates) the store file; recovers it after a crash.
     pub async fn open(path: &Path, options: EmbeddedOptions) -> StoreResult<Self> {
@@ -97,6 +98,7 @@ impl EmbeddedStore {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(redb::StorageError::from)?;
             }
+            create_private(&path).map_err(redb::StorageError::from)?;
             let db = Database::create(&path)?;
             let txn = db.begin_write()?;
             txn.open_table(SESSIONS)?;
@@ -199,116 +201,6 @@ impl Drop for EmbeddedStore {
         // The writer commits what is queued, then stops.
         self.queue.close();
     }
-}
-
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    serde_json::to_vec(value).expect("store types always serialize")
-}
-
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, redb::Error> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| redb::Error::Corrupted(format!("undecodable row: {e}")))
-}
-
-fn load_slot(txn: &WriteTransaction, key: &SessionKey) -> Result<SessionSlot, redb::Error> {
-    let table = txn.open_table(SESSIONS)?;
-    let slot = table.get(key.as_str())?;
-    slot.map_or(Ok(SessionSlot::default()), |row| decode(row.value()))
-}
-
-fn store_slot(
-    txn: &WriteTransaction,
-    key: &SessionKey,
-    slot: &SessionSlot,
-) -> Result<(), redb::Error> {
-    txn.open_table(SESSIONS)?
-        .insert(key.as_str(), encode(slot).as_slice())?;
-    Ok(())
-}
-
-fn load_run(
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-    run_id: &str,
-) -> Result<Option<RunRecord>, redb::Error> {
-    table
-        .get(run_id)?
-        .map(|row| decode(row.value()))
-        .transpose()
-}
-
-fn store_run(txn: &WriteTransaction, record: &RunRecord) -> Result<(), redb::Error> {
-    txn.open_table(RUNS)?
-        .insert(record.run_id.as_str(), encode(record).as_slice())?;
-    Ok(())
-}
-
-fn insert_entries(
-    txn: &WriteTransaction,
-    sid: u128,
-    entries: &[TranscriptEntry],
-) -> Result<(), redb::Error> {
-    let mut transcripts = txn.open_table(TRANSCRIPTS)?;
-    for entry in entries {
-        transcripts.insert((sid, entry.seq), encode(entry).as_slice())?;
-    }
-    Ok(())
-}
-
-fn read_slot(txn: &redb::ReadTransaction, key: &SessionKey) -> Result<SessionSlot, redb::Error> {
-    let table = txn.open_table(SESSIONS)?;
-    let slot = table.get(key.as_str())?;
-    slot.map_or(Ok(SessionSlot::default()), |row| decode(row.value()))
-}
-
-fn load_lease(txn: &WriteTransaction, partition: u32) -> Result<Lease, redb::Error> {
-    let table = txn.open_table(LEASES)?;
-    let lease = table.get(partition)?;
-    lease.map_or(Ok(Lease::unowned(partition)), |row| decode(row.value()))
-}
-
-fn store_lease(txn: &WriteTransaction, lease: &Lease) -> Result<(), redb::Error> {
-    txn.open_table(LEASES)?
-        .insert(lease.partition, encode(lease).as_slice())?;
-    Ok(())
-}
-
-/// Every entry of the member registry, expired ones included.
-fn load_members(
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-) -> Result<Vec<Member>, redb::Error> {
-    table.iter()?.map(|row| decode(row?.1.value())).collect()
-}
-
-/// The owner check of a write, in the write's own transaction: the writer
-/// thread applies lease changes and writes in one order, so a take is after
-/// every write of the tenure it ends.
-fn owner_check(
-    txn: &WriteTransaction,
-    key: &SessionKey,
-    token: Option<&OwnerToken>,
-    partitions: u32,
-) -> Result<StoreResult<()>, redb::Error> {
-    let partition = ownership::partition(key, partitions);
-    let lease = load_lease(txn, partition)?;
-    Ok(ownership::check_owner(token, partition, &lease))
-}
-
-/// What StartRun and FinishRun decide on, after the owner check: the run's
-/// record and its session's slot.
-fn load_run_and_slot(
-    txn: &WriteTransaction,
-    run_id: &str,
-    key: &SessionKey,
-    token: Option<&OwnerToken>,
-    partitions: u32,
-) -> Result<StoreResult<(RunRecord, SessionSlot)>, redb::Error> {
-    if let Err(refusal) = owner_check(txn, key, token, partitions)? {
-        return Ok(Err(refusal));
-    }
-    let Some(record) = load_run(&txn.open_table(RUNS)?, run_id)? else {
-        return Ok(Err(StoreError::RunNotFound(run_id.to_owned())));
-    };
-    Ok(Ok((record, load_slot(txn, key)?)))
 }
 
 /// Returns early from a write job with the refusal of a rule or a check.
@@ -792,6 +684,19 @@ impl SessionStore for EmbeddedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The file holds every transcript: only its owner may read it.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_store_file_is_created_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.redb");
+        let store = EmbeddedStore::open(&path, EmbeddedOptions::default()).await;
+        assert!(store.is_ok());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
 
     /// A store file written before sessions had settings opens, and its
     /// sessions read `"{}"` until patched.

@@ -24,7 +24,7 @@ use redb::{Database, WriteTransaction};
 use tokio::sync::Semaphore;
 
 use crate::error::StoreError;
-use crate::store::now_ms;
+use clawgate_common::clock::now_ms;
 
 /// Answers a caller once the group its write belongs to has committed.
 pub(super) type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -125,7 +125,7 @@ fn commit_group(db: &Database, group: &mut Vec<Job>) {
         Err(e) => {
             // The jobs never ran: dropping them answers their callers with
             // "not applied" through their closed reply channels.
-            tracing::error!(error = %e, writes = group.len(), "cannot begin a write transaction");
+            clawgate_telemetry::limited!(error, error = %e, writes = group.len(), "cannot begin a write transaction");
             group.clear();
             return;
         }
@@ -144,7 +144,7 @@ fn commit_group(db: &Database, group: &mut Vec<Job>) {
     }
     let committed = match poisoned {
         Some(e) => {
-            tracing::error!(error = %e, "storage error; the write group was rolled back");
+            clawgate_telemetry::limited!(error, error = %e, "storage error; the write group was rolled back");
             let _ = txn.abort();
             Err(StoreError::Internal(format!(
                 "the write group was rolled back: {e}"

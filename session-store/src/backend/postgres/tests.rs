@@ -13,9 +13,9 @@ macro_rules! assert_fails {
     }};
 }
 
+/// The tests' PostgreSQL (the test kit's one definition of it).
 fn url() -> String {
-    std::env::var("CLAWGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    clawgate_system_tests::postgres_url()
 }
 
 async fn open(schema: &str) -> PostgresStore {
@@ -279,13 +279,13 @@ async fn list_sessions_walks_batches() {
         // the test expects is not left to ties (broken by key).
         let mut last_ms = 0;
         for i in 0..LIST_BATCH + 20 {
-            while crate::store::now_ms() == last_ms {
+            while clawgate_common::clock::now_ms() == last_ms {
                 tokio::task::yield_now().await;
             }
             let mut req = acquire(&key(&format!("k{i:03}")), "r", None);
             req.label = (i < 5).then(|| format!("Needle {i}"));
             store.acquire_writer(req).await.unwrap();
-            last_ms = crate::store::now_ms();
+            last_ms = clawgate_common::clock::now_ms();
         }
         let list = |limit, search: Option<&str>, updated_since_ms| {
             let search = search.map(str::to_owned);
