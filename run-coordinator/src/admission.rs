@@ -245,7 +245,16 @@ impl Inner {
                 expected_settings: req.expected_settings,
             })
             .await?;
-        if !created.created {
+        // This instance's own earlier attempt at this key wrote the record,
+        // and its answer was lost (a cut connection, the store restarting):
+        // that attempt's caller was refused, so the run was never enqueued.
+        // It is ours to run. (A record of another epoch is settled by the
+        // recovery of whoever took its partition.)
+        let landed_unanswered = !created.created
+            && !created.fingerprint_mismatch
+            && created.record.owner == self.epoch
+            && created.record.status == RunStatus::Queued;
+        if !created.created && !landed_unanswered {
             // Known to the store but not to this instance's memory: an
             // evicted or pre-restart run. The record answers.
             let record = created.record;

@@ -123,3 +123,35 @@ async fn a_finish_that_landed_unanswered_is_adopted() {
         .collect();
     assert_eq!(roles, ["user", "assistant"], "answered once");
 }
+
+/// The caller's retry of a submit whose `CreateRun` landed unanswered
+/// finds the record its own first attempt wrote: the run is this
+/// instance's to run, not "in flight" somewhere. (Before, the retry was
+/// answered in flight and the run stayed queued for ever: the chaos
+/// schedule met it when the store was killed under an admission.)
+#[tokio::test(start_paused = true)]
+async fn a_create_that_landed_unanswered_runs_on_the_retry() {
+    let (coordinator, store) = coordinator_losing(StoreOperation::CreateRun).await;
+    let submit = || local_req("lost-create", "s", "hello", serde_json::json!({}));
+    coordinator
+        .submit(submit())
+        .await
+        .expect_err("the first attempt's answer was lost");
+    let record = store.inner.get_run("lost-create").await.unwrap().unwrap();
+    assert_eq!(record.status, RunStatus::Queued, "it landed: {record:?}");
+    let retried = coordinator.submit(submit()).await.unwrap();
+    assert_eq!(
+        retried.admission,
+        run_coordinator_api::model::Admission::Accepted,
+        "{retried:?}"
+    );
+    assert_eq!(ended(&coordinator, "lost-create").await, RunStatus::Ok);
+    let record = store.inner.get_run("lost-create").await.unwrap().unwrap();
+    assert_eq!(record.status, RunStatus::Ok, "{record:?}");
+    // A third submit of the key is answered from the end, as any retry.
+    let again = coordinator.submit(submit()).await.unwrap();
+    assert_eq!(
+        again.admission,
+        run_coordinator_api::model::Admission::Completed
+    );
+}

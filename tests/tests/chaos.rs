@@ -266,7 +266,12 @@ impl Chaos {
     /// After a fault healed at `healed`: every run acknowledged before it
     /// ends, and a new one finishes, each within its bound. The times
     /// taken.
-    async fn bounds_after(&mut self, journal: &Journal, healed: Instant) -> (Duration, Duration) {
+    async fn bounds_after(
+        &mut self,
+        fault: Fault,
+        journal: &Journal,
+        healed: Instant,
+    ) -> (Duration, Duration) {
         let acknowledged = journal.acknowledged_in_flight();
         let mut store = SessionStoreClient::connect(self.system.edge_store_url())
             .await
@@ -286,7 +291,7 @@ impl Chaos {
             )
             .await;
             if let Err(timed_out) = ended {
-                panic!("{timed_out}:\n{}", self.system.output());
+                panic!("after {fault:?}: {timed_out}:\n{}", self.system.output());
             }
         }
         let runs_ended = healed.elapsed();
@@ -322,7 +327,7 @@ impl Chaos {
         )
         .await;
         if let Err(timed_out) = served {
-            panic!("{timed_out}:\n{}", self.system.output());
+            panic!("after {fault:?}: {timed_out}:\n{}", self.system.output());
         }
         (runs_ended, healed.elapsed())
     }
@@ -378,7 +383,7 @@ async fn chaos(backend: Backend) {
         let before = journal.ended();
         chaos.inject(fault, &mut rng).await;
         let healed = Instant::now();
-        let (runs_ended, served) = chaos.bounds_after(&journal, healed).await;
+        let (runs_ended, served) = chaos.bounds_after(fault, &journal, healed).await;
         report(&format!(
             "chaos: {fault:?}: acknowledged runs ended {runs_ended:.1?} and a new run \
              finished {served:.1?} after it healed ({} runs ended meanwhile)",
