@@ -27,6 +27,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Manager, Pool, PoolError};
 use tokio_postgres::NoTls;
+
+use self::tls::Connector;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
@@ -43,6 +45,7 @@ mod members;
 mod rows;
 #[macro_use]
 mod sql;
+pub mod tls;
 mod tx;
 use rows::*;
 use sql::*;
@@ -117,7 +120,12 @@ impl PostgresStore {
         let schema = options.schema.as_deref().map(checked_schema).transpose()?;
         let partitions = options.partitions;
         clawgate_common::partition::check_partitions(partitions).map_err(StoreError::invalid)?;
-        let mut config = parse_url(url)?;
+        let Connector {
+            mut config,
+            tls,
+            mode,
+        } = Connector::from_url(url)?;
+        tracing::debug!(sslmode = ?mode, "connecting to PostgreSQL");
         if let Some(schema) = schema {
             // Every pooled connection starts with the schema as its search_path.
             let opts = format!(
@@ -130,7 +138,11 @@ impl PostgresStore {
             config.connect_timeout(Duration::from_secs(10));
         }
         let pool_of = |size: usize| {
-            Pool::builder(Manager::new(config.clone(), NoTls))
+            let manager = match &tls {
+                Some(tls) => Manager::new(config.clone(), tls.clone()),
+                None => Manager::new(config.clone(), NoTls),
+            };
+            Pool::builder(manager)
                 .max_size(size)
                 .build()
                 .map_err(StoreError::internal)
@@ -215,8 +227,17 @@ impl PostgresStore {
 /// Drops `schema` and everything in it (test cleanup).
 pub async fn drop_schema(url: &str, schema: &str) -> StoreResult<()> {
     let schema = checked_schema(schema)?;
-    let (client, connection) = parse_url(url)?.connect(NoTls).await.map_err(db_error)?;
-    let driver = tokio::spawn(connection);
+    let Connector { config, tls, .. } = Connector::from_url(url)?;
+    let (client, driver) = match tls {
+        Some(tls) => {
+            let (client, connection) = config.connect(tls).await.map_err(db_error)?;
+            (client, tokio::spawn(connection))
+        }
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(db_error)?;
+            (client, tokio::spawn(connection))
+        }
+    };
     let dropped = client
         .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .await
@@ -224,11 +245,6 @@ pub async fn drop_schema(url: &str, schema: &str) -> StoreResult<()> {
     drop(client);
     let _ = driver.await;
     dropped
-}
-
-fn parse_url(url: &str) -> StoreResult<tokio_postgres::Config> {
-    url.parse()
-        .map_err(|e| StoreError::invalid(format!("invalid PostgreSQL URL: {}", describe(&e))))
 }
 
 /// Schema names are spliced into SQL (quoted), so only `[a-z0-9_]` passes.

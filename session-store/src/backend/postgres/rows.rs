@@ -135,10 +135,17 @@ pub(super) fn db_error(err: tokio_postgres::Error) -> StoreError {
     }
 }
 
-/// tokio-postgres' Display omits the cause (the server's message).
+/// tokio-postgres' Display omits the causes (the server's message, the
+/// TLS handshake's verdict on a certificate): each is added.
 pub(super) fn describe(err: &tokio_postgres::Error) -> String {
-    match std::error::Error::source(err) {
-        Some(cause) => format!("{err}: {cause}"),
-        None => err.to_string(),
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(err);
+    while let Some(inner) = cause {
+        let said = inner.to_string();
+        if !text.ends_with(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = inner.source();
     }
+    text
 }

@@ -363,7 +363,12 @@ fn pure_helpers() {
 #[tokio::test]
 async fn sessions_from_before_settings_read_empty_settings() {
     with_schema(|schema| async move {
-        let (client, connection) = parse_url(&url()).unwrap().connect(NoTls).await.unwrap();
+        let (client, connection) = url()
+            .parse::<tokio_postgres::Config>()
+            .unwrap()
+            .connect(NoTls)
+            .await
+            .unwrap();
         let driver = tokio::spawn(connection);
         let session_id = Uuid::new_v4();
         let mut sql = format!(
