@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use clawgate_system_tests::kube::{self, render, repo};
+use clawgate_system_tests::kube::{self, Manifests, repo};
 
 fn cache() -> &'static Path {
     Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -16,9 +16,8 @@ fn validate(file: &Path) -> Result<(), String> {
 }
 
 #[test]
-fn every_overlay_renders_and_validates() {
-    for overlay in ["dev", "prod"] {
-        let rendered = render(overlay);
+fn every_overlay_and_component_renders_and_validates() {
+    for (overlay, rendered) in Manifests::copy().renderings() {
         let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{overlay}.yaml"));
         std::fs::write(&file, &rendered).unwrap();
         if let Err(report) = validate(&file) {

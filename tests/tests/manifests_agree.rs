@@ -83,89 +83,6 @@ fn parse_settings(
     }
 }
 
-/// A container's environment as the kubelet would give it to one pod of
-/// `workload`: `envFrom` ConfigMaps first, then `env` in order, each value
-/// with the `$(VAR)` references to variables defined before it expanded
-/// (others stay as written, as the kubelet leaves them). Secrets read as a
-/// placeholder; `Err` names ConfigMaps or keys that do not exist.
-fn container_env(
-    container: &Value,
-    workload: &Value,
-    config_maps: &BTreeMap<&str, &Value>,
-) -> Result<BTreeMap<String, String>, Vec<String>> {
-    let mut env: BTreeMap<String, String> = BTreeMap::new();
-    let mut missing = Vec::new();
-    for source in container["envFrom"].as_array().into_iter().flatten() {
-        let map = source["configMapRef"]["name"].as_str().unwrap();
-        match config_maps.get(map) {
-            Some(data) => {
-                for (key, value) in data.as_object().into_iter().flatten() {
-                    env.insert(key.clone(), value.as_str().unwrap_or("").to_owned());
-                }
-            }
-            None => missing.push(format!("no ConfigMap {map}")),
-        }
-    }
-    let pod = format!("{}-0", workload["metadata"]["name"].as_str().unwrap());
-    let namespace = workload["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_owned();
-    for var in container["env"].as_array().into_iter().flatten() {
-        let name = var["name"].as_str().unwrap().to_owned();
-        let from = &var["valueFrom"];
-        let value = if let Some(value) = var["value"].as_str() {
-            expand(value, &env)
-        } else if let Some(field) = from["fieldRef"]["fieldPath"].as_str() {
-            match field {
-                "metadata.name" => pod.clone(),
-                "metadata.namespace" => namespace.clone(),
-                other => format!("<{other}>"),
-            }
-        } else if from["configMapKeyRef"].is_object() {
-            let map = from["configMapKeyRef"]["name"].as_str().unwrap();
-            let key = from["configMapKeyRef"]["key"].as_str().unwrap();
-            match config_maps.get(map).and_then(|d| d[key].as_str()) {
-                Some(value) => value.to_owned(),
-                None => {
-                    missing.push(format!("no key {key} in ConfigMap {map}"));
-                    continue;
-                }
-            }
-        } else {
-            "<secret>".to_owned()
-        };
-        env.insert(name, value);
-    }
-    match missing.is_empty() {
-        true => Ok(env),
-        false => Err(missing),
-    }
-}
-
-/// `$(VAR)` replaced by VAR's value where VAR is defined; `$$` is a `$`.
-fn expand(value: &str, env: &BTreeMap<String, String>) -> String {
-    let mut out = String::new();
-    let mut rest = value;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        rest = &rest[at..];
-        if let Some(after) = rest.strip_prefix("$$") {
-            out.push('$');
-            rest = after;
-        } else if let Some(close) = rest.find(')').filter(|_| rest.starts_with("$("))
-            && let Some(defined) = env.get(&rest[2..close])
-        {
-            out.push_str(defined);
-            rest = &rest[close + 1..];
-        } else {
-            out.push('$');
-            rest = &rest[1..];
-        }
-    }
-    out + rest
-}
-
 /// Every disagreement between rendered manifests and the binaries.
 fn disagreements(documents: &[Value]) -> Vec<String> {
     let config_maps: BTreeMap<&str, &Value> = documents
@@ -191,7 +108,7 @@ fn disagreements(documents: &[Value]) -> Vec<String> {
             };
             let binary = command[0].as_str().unwrap().rsplit('/').next().unwrap();
             let accepts = accepts(binary);
-            let env = match container_env(container, workload, &config_maps) {
+            let env = match kube::container_env(container, workload, &config_maps) {
                 Ok(env) => env,
                 Err(missing) => {
                     problems.extend(missing.into_iter().map(|m| format!("{name}: {m}")));
@@ -333,10 +250,10 @@ fn disagreements(documents: &[Value]) -> Vec<String> {
 }
 
 #[test]
-fn every_overlay_agrees_with_the_binaries() {
-    for overlay in ["dev", "prod"] {
+fn every_overlay_and_component_agrees_with_the_binaries() {
+    for (overlay, yaml) in kube::Manifests::copy().renderings() {
         assert_eq!(
-            disagreements(&rendered(overlay)),
+            disagreements(&kube::documents(cache(), &yaml)),
             Vec::<String>::new(),
             "{overlay}"
         );
