@@ -1,7 +1,10 @@
-//! Every kustomize overlay in `deploy/k8s` renders with `kubectl kustomize`
-//! and validates, offline, against the Kubernetes 1.31 API schemas (with
-//! `kubernetes-validate`, installed from PyPI into the test's cache on first
-//! use, pinned); a deliberately broken manifest is refused by the same check.
+//! Every kustomize overlay in `deploy/k8s`, and every component on the
+//! overlay it is for, renders with `kubectl kustomize` and validates,
+//! offline and strictly, against the API schemas of the oldest Kubernetes
+//! the manifests support and the newest `kubernetes-validate` ships
+//! (installed from PyPI into the test's cache on first use, pinned), and its
+//! custom resources against the CRD schemas vendored in `fixtures/crds`;
+//! deliberately broken manifests are refused by the same check.
 
 use std::path::Path;
 
@@ -35,6 +38,20 @@ fn every_overlay_and_component_renders_and_validates() {
                 "{overlay} has no {kind}"
             );
         }
+    }
+}
+
+#[test]
+fn broken_custom_resources_are_refused_by_their_crd_schemas() {
+    let report = validate(&repo().join("tests/fixtures/broken-crd-objects.yaml"))
+        .expect_err("the broken fixture must not validate");
+    for expected in [
+        "ServiceMonitor/broken (CRD schema): spec.endpoints.0: Additional properties are not allowed ('scrapeEvery'",
+        "HTTPRoute/broken (CRD schema): spec.rules.0.backendRefs.0.port: 'ws' is not of type 'integer'",
+        "HTTPRoute/broken (CRD schema): spec.rules.0.timeouts.request: 'forever' does not match",
+        "Unheard/broken (1.37.0): no schema for example.com/v1",
+    ] {
+        assert!(report.contains(expected), "{expected:?} not in:\n{report}");
     }
 }
 
