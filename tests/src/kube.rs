@@ -208,7 +208,8 @@ fn secret_files(dir: &Path) -> Vec<String> {
     files
 }
 
-fn copy_tree(from: &Path, to: &Path) {
+/// Copies the directory `from` to `to`, recursively.
+pub fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
@@ -221,7 +222,8 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-fn kustomize(dir: &Path) -> String {
+/// `kubectl kustomize <dir>`; panics with kustomize's report when it fails.
+pub fn kustomize(dir: &Path) -> String {
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(dir)
