@@ -310,3 +310,32 @@ impl ServeArgs {
         clawgate_common::settings::parse("run-coordinator", args, env)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_advertise_address;
+
+    #[test]
+    fn an_advertise_address_is_one_a_caller_can_dial() {
+        for good in [
+            "http://run-coordinator-0.run-coordinator.clawgate.svc.cluster.local:50062",
+            "https://coord-a:443",
+            "http://127.0.0.1:50062",
+        ] {
+            assert_eq!(parse_advertise_address(good).as_deref(), Ok(good));
+        }
+        for (bad, why) in [
+            (
+                "http://$(POD_NAME).run-coordinator:50062",
+                "unexpanded variable",
+            ),
+            ("run-coordinator-0:50062", "not http(s)://host:port"),
+            ("http://run-coordinator-0", "not http(s)://host:port"),
+            ("grpc://run-coordinator-0:50062", "not http(s)://host:port"),
+            ("http://a b:1", "is not an address"),
+        ] {
+            let refused = parse_advertise_address(bad).unwrap_err();
+            assert!(refused.contains(why), "{bad}: {refused}");
+        }
+    }
+}
