@@ -99,6 +99,11 @@ pub const RENDERINGS: &[(&str, &str, &[&str])] = &[
         "overlays/prod",
         &["components/gateway-api"],
     ),
+    (
+        "prod+ingress+cert-manager",
+        "overlays/prod",
+        &["components/ingress", "components/cert-manager"],
+    ),
     // The external runtime instead of prod's OpenAI-compatible one.
     ("base+runtime-grpc", "base", &["components/runtime-grpc"]),
 ];

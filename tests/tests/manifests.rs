@@ -49,6 +49,7 @@ fn broken_custom_resources_are_refused_by_their_crd_schemas() {
         "ServiceMonitor/broken (CRD schema): spec.endpoints.0: Additional properties are not allowed ('scrapeEvery'",
         "HTTPRoute/broken (CRD schema): spec.rules.0.backendRefs.0.port: 'ws' is not of type 'integer'",
         "HTTPRoute/broken (CRD schema): spec.rules.0.timeouts.request: 'forever' does not match",
+        "Certificate/broken (CRD schema): spec: Additional properties are not allowed ('dnsName'",
         "Unheard/broken (1.37.0): no schema for example.com/v1",
     ] {
         assert!(report.contains(expected), "{expected:?} not in:\n{report}");

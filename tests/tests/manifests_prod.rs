@@ -284,7 +284,11 @@ fn the_edge_trusts_only_the_proxy_it_sits_behind() {
 #[test]
 fn a_route_in_with_tls_and_websocket_timeouts() {
     let manifests = Manifests::copy();
-    let prod = Rendered::of(&manifests, "overlays/prod", &["components/ingress"]);
+    let prod = Rendered::of(
+        &manifests,
+        "overlays/prod",
+        &["components/ingress", "components/cert-manager"],
+    );
     let tick = prod.edge().tick_interval.as_secs();
     let ingress = prod.one("Ingress", "gateway-edge");
     let annotations = &ingress["metadata"]["annotations"];
@@ -299,8 +303,13 @@ fn a_route_in_with_tls_and_websocket_timeouts() {
             "{timeout} {seconds}s against ticks every {tick}s"
         );
     }
+    // TLS from the Secret cert-manager writes, for the host routed.
     let tls = &ingress["spec"]["tls"][0];
-    assert!(tls["secretName"].is_string());
+    let certificate = prod.one("Certificate", "clawgate-edge-tls");
+    assert_eq!(tls["secretName"], certificate["spec"]["secretName"]);
+    let host = &ingress["spec"]["rules"][0]["host"];
+    assert_eq!(&tls["hosts"][0], host);
+    assert_eq!(&certificate["spec"]["dnsNames"][0], host);
     let backend = &ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"];
     assert_eq!(backend["name"], "gateway-edge");
     let service = prod.one("Service", "gateway-edge");
@@ -324,7 +333,9 @@ fn a_route_in_with_tls_and_websocket_timeouts() {
         .find(|l| l["name"] == parent["sectionName"])
         .unwrap();
     assert_eq!(listener["protocol"], "HTTPS");
-    assert_eq!(listener["tls"]["certificateRefs"][0]["kind"], "Secret");
+    let certificate = &listener["tls"]["certificateRefs"][0];
+    assert_eq!(certificate["kind"], "Secret");
+    assert_eq!(certificate["name"], tls["secretName"]);
     let rule = &route["spec"]["rules"][0];
     assert_eq!(rule["backendRefs"][0]["name"], "gateway-edge");
     assert_eq!(rule["backendRefs"][0]["port"], 18789);
