@@ -202,6 +202,13 @@ fn a_coordinator_roll_waits_for_each_new_pod_to_hold_its_share() {
         "minReadySeconds {min_ready} < {share_arrives:?}"
     );
     assert_eq!(set["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    // Nor does any other rendering use all-on-one in the StatefulSet.
+    let manifests = Manifests::copy();
+    for (name, base, components) in kube::RENDERINGS {
+        let rendered = Rendered::of(&manifests, base, components);
+        let placement = rendered.coordinator().coordinator.placement;
+        assert_eq!(placement, Placement::Balanced, "{name}");
+    }
 }
 
 #[test]
