@@ -168,7 +168,7 @@ pub struct CoordinatorArgs {
     pub ownership: OwnershipMode,
     /// The gRPC address other services should use for this coordinator
     /// (the leader hint); default `http://<listen address>`.
-    #[arg(long, env = "COORDINATOR_ADVERTISE_ADDRESS")]
+    #[arg(long, env = "COORDINATOR_ADVERTISE_ADDRESS", value_parser = parse_advertise_address)]
     pub advertise_address: Option<String>,
     /// Lease ownership: how long a lease lasts without renewal.
     #[arg(long, env = "COORDINATOR_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
@@ -246,6 +246,26 @@ impl CoordinatorArgs {
     }
 }
 
+/// An advertised address is one another service dials: `http(s)://host:port`.
+/// A `$(VAR)` left in it is a Kubernetes variable the pod never defined
+/// (Kubernetes leaves those as written), so no caller could resolve it.
+fn parse_advertise_address(raw: &str) -> Result<String, String> {
+    if raw.contains("$(") {
+        return Err(format!(
+            "{raw:?} holds an unexpanded variable (define it before this one in the pod's env)"
+        ));
+    }
+    let uri: tonic::transport::Uri = raw
+        .parse()
+        .map_err(|e| format!("{raw:?} is not an address: {e}"))?;
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    let port_ok = uri.authority().is_some_and(|a| a.port_u16().is_some());
+    if !scheme_ok || !port_ok {
+        return Err(format!("{raw:?} is not http(s)://host:port"));
+    }
+    Ok(raw.to_owned())
+}
+
 /// The standalone coordinator: where it listens and which store it uses.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -278,4 +298,44 @@ pub struct ServeArgs {
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
     #[command(flatten)]
     pub coordinator: CoordinatorArgs,
+}
+
+impl ServeArgs {
+    /// The settings `args` and `env` give the `run-coordinator` binary, by
+    /// its own parser (for checking manifests without running it).
+    pub fn from_settings(
+        args: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, String> {
+        clawgate_common::settings::parse("run-coordinator", args, env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_advertise_address;
+
+    #[test]
+    fn an_advertise_address_is_one_a_caller_can_dial() {
+        for good in [
+            "http://run-coordinator-0.run-coordinator.clawgate.svc.cluster.local:50062",
+            "https://coord-a:443",
+            "http://127.0.0.1:50062",
+        ] {
+            assert_eq!(parse_advertise_address(good).as_deref(), Ok(good));
+        }
+        for (bad, why) in [
+            (
+                "http://$(POD_NAME).run-coordinator:50062",
+                "unexpanded variable",
+            ),
+            ("run-coordinator-0:50062", "not http(s)://host:port"),
+            ("http://run-coordinator-0", "not http(s)://host:port"),
+            ("grpc://run-coordinator-0:50062", "not http(s)://host:port"),
+            ("http://a b:1", "is not an address"),
+        ] {
+            let refused = parse_advertise_address(bad).unwrap_err();
+            assert!(refused.contains(why), "{bad}: {refused}");
+        }
+    }
 }

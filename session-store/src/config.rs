@@ -91,6 +91,17 @@ pub struct StoreConfig {
     pub limits: LimitArgs,
 }
 
+impl StoreConfig {
+    /// The settings `args` and `env` give the `session-store` binary, by its
+    /// own parser (for checking manifests without running it).
+    pub fn from_settings(
+        args: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, String> {
+        clawgate_common::settings::parse("session-store", args, env)
+    }
+}
+
 /// Every input limit, as flags. Defaults come from `Limits::default()`.
 #[derive(Debug, Clone, Args)]
 pub struct LimitArgs {

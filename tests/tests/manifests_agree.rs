@@ -1,6 +1,8 @@
 //! The manifests agree with the binaries: every variable and flag a
 //! container is given is one its binary reads (from its `--help`, or the
-//! telemetry variables every service reads), every port a Service, probe or
+//! telemetry variables every service reads), every value (flags, and
+//! variables as the kubelet expands them) parses with the binary's own
+//! parser, every port a Service, probe or
 //! NetworkPolicy names is one the container listens on with that
 //! configuration, and every gRPC probe names a service the binary registers
 //! with health.
@@ -67,6 +69,20 @@ fn rendered(overlay: &str) -> Vec<Value> {
     kube::documents(cache(), &kube::render(overlay))
 }
 
+/// Parses a container's settings with its binary's own parser.
+fn parse_settings(
+    binary: &str,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    match binary {
+        "session-store" => session_store::config::StoreConfig::from_settings(args, env).map(drop),
+        "run-coordinator" => run_coordinator::cli::ServeArgs::from_settings(args, env).map(drop),
+        "gateway-edge" => gateway_edge::EdgeConfig::from_settings(args, env).map(drop),
+        other => Err(format!("no parser known for the binary {other}")),
+    }
+}
+
 /// Every disagreement between rendered manifests and the binaries.
 fn disagreements(documents: &[Value]) -> Vec<String> {
     let config_maps: BTreeMap<&str, &Value> = documents
@@ -92,25 +108,19 @@ fn disagreements(documents: &[Value]) -> Vec<String> {
             };
             let binary = command[0].as_str().unwrap().rsplit('/').next().unwrap();
             let accepts = accepts(binary);
-            let mut env: BTreeMap<String, String> = BTreeMap::new();
-            for var in container["env"].as_array().into_iter().flatten() {
-                let value = var["value"].as_str().unwrap_or("<secret>").to_owned();
-                env.insert(var["name"].as_str().unwrap().to_owned(), value);
-            }
-            for source in container["envFrom"].as_array().into_iter().flatten() {
-                let map = source["configMapRef"]["name"].as_str().unwrap();
-                match config_maps.get(map) {
-                    Some(data) => {
-                        for (key, value) in data.as_object().into_iter().flatten() {
-                            env.insert(key.clone(), value.as_str().unwrap_or("").to_owned());
-                        }
-                    }
-                    None => problems.push(format!("{name}: no ConfigMap {map}")),
+            let env = match kube::container_env(container, workload, &config_maps) {
+                Ok(env) => env,
+                Err(missing) => {
+                    problems.extend(missing.into_iter().map(|m| format!("{name}: {m}")));
+                    continue;
                 }
-            }
+            };
             // Variables only there to be expanded into others ($(POD_NAME)).
-            let expanded: BTreeSet<String> = env
-                .values()
+            let expanded: BTreeSet<String> = container["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|var| var["value"].as_str())
                 .flat_map(|v| v.split("$(").skip(1))
                 .filter_map(|v| v.split(')').next())
                 .map(str::to_owned)
@@ -126,12 +136,22 @@ fn disagreements(documents: &[Value]) -> Vec<String> {
                     problems.push(format!("{name}: {binary} reads no variable {key}"));
                 }
             }
-            for arg in container["args"].as_array().into_iter().flatten() {
-                let arg = arg.as_str().unwrap();
+            let args: Vec<String> = container["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect();
+            for arg in &args {
                 let flag = arg.split('=').next().unwrap();
                 if flag.starts_with("--") && !accepts.flags.contains(flag) {
                     problems.push(format!("{name}: {binary} has no flag {flag}"));
                 }
+            }
+            // The values, by the binary's own parser: a misspelt enum, a
+            // duration without a unit, an address that does not parse.
+            if let Err(refused) = parse_settings(binary, &args, &env) {
+                problems.push(format!("{name}: {binary} refuses its settings: {refused}"));
             }
             // The ports the binary listens on with this configuration.
             let bound: BTreeSet<u64> = env
@@ -230,10 +250,10 @@ fn disagreements(documents: &[Value]) -> Vec<String> {
 }
 
 #[test]
-fn every_overlay_agrees_with_the_binaries() {
-    for overlay in ["dev", "prod"] {
+fn every_overlay_and_component_agrees_with_the_binaries() {
+    for (overlay, yaml) in kube::Manifests::copy().renderings() {
         assert_eq!(
-            disagreements(&rendered(overlay)),
+            disagreements(&kube::documents(cache(), &yaml)),
             Vec::<String>::new(),
             "{overlay}"
         );
@@ -263,8 +283,15 @@ fn a_drifted_manifest_is_caught() {
     container["args"] = serde_json::json!(["--no-such-flag"]);
     container["ports"][0]["containerPort"] = serde_json::json!(12345);
     let coordinator = workload(&mut documents, "run-coordinator");
-    documents[coordinator]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]
-        ["service"] = serde_json::json!("clawgate.nothing.v1.Nothing");
+    let container = &mut documents[coordinator]["spec"]["template"]["spec"]["containers"][0];
+    container["readinessProbe"]["grpc"]["service"] =
+        serde_json::json!("clawgate.nothing.v1.Nothing");
+    container["args"] = serde_json::json!(["--ownership=leese"]);
+    let store = workload(&mut documents, "session-store");
+    documents[store]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({ "name": "SESSION_STORE_RUN_RETENTION", "value": "1 day" }));
     let found = disagreements(&documents);
     for expected in [
         "reads no variable EDGE_NO_SUCH_SETTING",
@@ -273,10 +300,37 @@ fn a_drifted_manifest_is_caught() {
         "a probe on \"ws\", where gateway-edge does not listen",
         "NetworkPolicy gateway-edge-ingress: port Some(18789) is not listened on",
         "registers no health service clawgate.nothing.v1.Nothing",
+        "run-coordinator refuses its settings: error: invalid value 'leese' for '--ownership",
+        "session-store refuses its settings: error: invalid value '1 day' for '--run-retention",
     ] {
         assert!(
             found.iter().any(|p| p.contains(expected)),
             "{expected:?} not caught: {found:?}"
         );
     }
+}
+
+/// An advertised address naming a variable the pod does not define is left
+/// as written by the kubelet, and refused by the coordinator's parser.
+#[test]
+fn an_unexpanded_variable_is_caught() {
+    let mut documents = rendered("dev");
+    let coordinator = documents
+        .iter()
+        .position(|d| d["kind"] == "StatefulSet" && d["metadata"]["name"] == "run-coordinator")
+        .unwrap();
+    documents[coordinator]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "name": "COORDINATOR_ADVERTISE_ADDRESS",
+            "value": "http://$(POD_NAME).run-coordinator.$(NO_SUCH_VARIABLE):50062"
+        }));
+    let found = disagreements(&documents);
+    assert!(
+        found
+            .iter()
+            .any(|p| p.contains("$(NO_SUCH_VARIABLE)") && p.contains("unexpanded variable")),
+        "{found:?}"
+    );
 }

@@ -327,6 +327,18 @@ pub struct EdgeConfig {
 }
 
 impl EdgeConfig {
+    /// The settings `args` and `env` give the `gateway-edge` binary, by its
+    /// own parser and [`check`](Self::check) (for checking manifests
+    /// without running it).
+    pub fn from_settings(
+        args: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, String> {
+        let config: Self = clawgate_common::settings::parse("gateway-edge", args, env)?;
+        config.check().map_err(|e| format!("{e:#}"))?;
+        Ok(config)
+    }
+
     /// Refuses settings that would be unsafe to run with.
     pub fn check(&self) -> anyhow::Result<()> {
         self.control_ui_root()?;

@@ -10,6 +10,7 @@ pub mod limits;
 pub mod partition;
 pub mod process;
 pub mod run;
+pub mod settings;
 
 pub use run::RunStatus;
 
