@@ -239,7 +239,7 @@ pub async fn run(edge: Arc<Edge>, events: Arc<Events>) {
             let task = tasks.0.remove(&address).expect("listed above");
             task.stop.cancel();
             let _ = task.task.await;
-            tracing::info!(%address, "closed the event stream of a coordinator that owns no partition now");
+            clawgate_telemetry::limited!(info, %address, "closed the event stream of a coordinator that owns no partition now");
             // Its runs, and the awaited ones of the partitions it had.
             look_up_stream(&edge, &events, &known, &address, task.id);
         }

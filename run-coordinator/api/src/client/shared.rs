@@ -125,7 +125,10 @@ impl Shared {
             if routes.current == address {
                 return false;
             }
-            tracing::info!(from = %routes.current, to = %address, "following the run coordinator leader");
+            // Every call that meets NOT_OWNER during a failover can switch
+            // (and switch back while the leases still name a dead leader):
+            // a line per call would let callers flood the log.
+            clawgate_telemetry::limited!(info, from = %routes.current, to = %address, "following the run coordinator leader");
             address.clone_into(&mut routes.current);
             true
         });
