@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use std::fmt::{Debug, Write as _};
 use std::hash::Hash;
 
+pub mod history;
 pub mod model;
 
 /// A sequential specification.
@@ -45,13 +46,35 @@ pub trait Model {
         output: &Self::Output,
     ) -> Option<Self::State>;
 
+    /// Every state the operation may leave with this answer, tried in
+    /// order: the one `step` gives, or several where the answer leaves the
+    /// effect open (an indeterminate operation whose effect hung on
+    /// something nobody saw, such as when it ran).
+    fn step_all(
+        &self,
+        state: &Self::State,
+        input: &Self::Input,
+        output: &Self::Output,
+    ) -> Vec<Self::State> {
+        self.step(state, input, output).into_iter().collect()
+    }
+
+    /// Whether the output is an answer (not a call that never answered,
+    /// whose effect `step_all` leaves open).
+    fn answered(&self, _output: &Self::Output) -> bool {
+        true
+    }
+
     /// What the specification would answer (for reports). `output` is the
     /// answer seen, for models whose answer picks among fresh values.
     fn expected(&self, state: &Self::State, input: &Self::Input, output: &Self::Output) -> String;
 }
 
 /// One operation of a history. `call < ret`; times are comparable across
-/// clients (a global counter, or instants).
+/// clients (a global counter, or instants). An operation without an answer
+/// (a timeout, a lost connection) has as `ret` the latest time it can have
+/// taken effect, or [`NEVER`]; its model says what it may have done, doing
+/// nothing among it.
 #[derive(Debug, Clone)]
 pub struct Operation<I, O> {
     pub client: usize,
@@ -91,6 +114,9 @@ pub struct Failure<S> {
     pub state: S,
     pub stats: Stats,
 }
+
+/// The return time of an operation that never answered.
+pub const NEVER: u64 = u64::MAX;
 
 const NIL: usize = usize::MAX;
 /// How many operations of the longest prefix a failure shows.
@@ -136,10 +162,14 @@ impl Placed {
     }
 }
 
-/// A choice on the search stack: the call entry lifted, the state before
-/// it, the bounds of `Placed` before it.
+/// A choice on the search stack: the call entry lifted, which of the
+/// states its step allows was taken, in which pass, the state before it,
+/// the bounds of `Placed` before it.
 struct Frame<S> {
     entry: usize,
+    branch: usize,
+    /// Whether it was tried among the operations that never answered.
+    lazy: bool,
     state: S,
     low: usize,
     high: Option<usize>,
@@ -207,30 +237,66 @@ pub fn check<M: Model>(
     let mut stack: Vec<Frame<M::State>> = Vec::new();
     let mut state = model.init();
     let mut best: Option<Box<Failure<M::State>>> = None;
+    // Operations that never answered are tried last (`lazy`): only once no
+    // operation that answered can go next. Tried first, each would be
+    // placed at its call, and one that never took effect (or took effect
+    // late) would then be found out only where something contradicts it,
+    // perhaps far on, after a search of everything in between, and again at
+    // every later place it is tried. Tried last, it is placed where an
+    // answer needs it. The candidates are the same either way.
+    let unanswered: Vec<bool> = (by_call.iter())
+        .map(|&i| !model.answered(&history[i].output))
+        .collect();
+    let mut lazy = false;
     let mut entry = next[head];
+    // The first of an entry's states to try: past 0 when the search comes
+    // back to an entry whose earlier states led nowhere.
+    let mut first_branch = 0;
     while next[head] != NIL {
-        if entry.is_multiple_of(2) {
+        let is_call = entry.is_multiple_of(2);
+        if is_call && unanswered[entry / 2] != lazy {
+            entry = next[entry];
+            continue;
+        }
+        if !is_call && !lazy {
+            // Nothing that answered can go next: now those that did not.
+            lazy = true;
+            entry = next[head];
+            continue;
+        }
+        if is_call {
             let rank = entry / 2;
             let op = &history[by_call[rank]];
             stats.steps += 1;
-            if let Some(after) = model.step(&state, &op.input, &op.output) {
+            let branches = model.step_all(&state, &op.input, &op.output);
+            let mut lifted = false;
+            for (branch, after) in branches.into_iter().enumerate().skip(first_branch) {
                 let (low, high) = (placed.low, placed.high);
                 placed.insert(rank);
                 let (key_low, key_words) = placed.key();
                 if cache.insert((key_low, key_words, after.clone())) {
                     stack.push(Frame {
                         entry,
+                        branch,
+                        lazy,
                         state: std::mem::replace(&mut state, after),
                         low,
                         high,
                     });
                     lift(&mut next, &mut prev, entry);
-                    entry = next[head];
-                    continue;
+                    lifted = true;
+                    break;
                 }
                 placed.remove(rank, low, high);
             }
-            entry = next[entry];
+            first_branch = 0;
+            entry = match lifted {
+                true => {
+                    lazy = false;
+                    next[head]
+                }
+                false => next[entry],
+            };
         } else {
             // The operation answering here cannot be placed next.
             if best.as_ref().is_none_or(|b| stack.len() > b.linearized) {
@@ -267,7 +333,10 @@ pub fn check<M: Model>(
             placed.remove(frame.entry / 2, frame.low, frame.high);
             state = frame.state;
             unlift(&mut next, &mut prev, frame.entry);
-            entry = next[frame.entry];
+            // The same entry again, with its next state if it has one.
+            entry = frame.entry;
+            first_branch = frame.branch + 1;
+            lazy = frame.lazy;
         }
     }
     stats.cached = cache.len();
