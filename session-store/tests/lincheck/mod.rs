@@ -59,8 +59,8 @@ pub trait Model {
         self.step(state, input, output).into_iter().collect()
     }
 
-    /// Whether the output is an answer (not a call that never answered,
-    /// whose effect `step_all` leaves open).
+    /// Whether the output is an answer. A call that never answered may
+    /// have had any effect `step_all` gives, or none.
     fn answered(&self, _output: &Self::Output) -> bool {
         true
     }
@@ -72,9 +72,9 @@ pub trait Model {
 
 /// One operation of a history. `call < ret`; times are comparable across
 /// clients (a global counter, or instants). An operation without an answer
-/// (a timeout, a lost connection) has as `ret` the latest time it can have
-/// taken effect, or [`NEVER`]; its model says what it may have done, doing
-/// nothing among it.
+/// (a timeout, a lost connection; see [`Model::answered`]) has as `ret` the
+/// latest time it can have taken effect, or [`NEVER`]; it may also never
+/// have taken effect.
 #[derive(Debug, Clone)]
 pub struct Operation<I, O> {
     pub client: usize,
@@ -119,6 +119,9 @@ pub struct Failure<S> {
 pub const NEVER: u64 = u64::MAX;
 
 const NIL: usize = usize::MAX;
+/// The branch of an unanswered operation placed as never having taken
+/// effect.
+const DROPPED: usize = usize::MAX;
 /// How many operations of the longest prefix a failure shows.
 const TAIL: usize = 24;
 
@@ -264,6 +267,31 @@ pub fn check<M: Model>(
             entry = next[head];
             continue;
         }
+        if !is_call && unanswered[entry / 2] && first_branch != DROPPED {
+            // An unanswered operation that must be placed by now, none of
+            // its effects fitting: as never having taken effect. (Placed so
+            // anywhere earlier, it would leave the state as it was: trying
+            // that only here loses nothing.)
+            let (call, rank) = (entry - 1, entry / 2);
+            stats.steps += 1;
+            let (low, high) = (placed.low, placed.high);
+            placed.insert(rank);
+            let (key_low, key_words) = placed.key();
+            if cache.insert((key_low, key_words, state.clone())) {
+                stack.push(Frame {
+                    entry: call,
+                    branch: DROPPED,
+                    lazy,
+                    state: state.clone(),
+                    low,
+                    high,
+                });
+                lift(&mut next, &mut prev, call);
+                (entry, lazy) = (next[head], false);
+                continue;
+            }
+            placed.remove(rank, low, high);
+        }
         if is_call {
             let rank = entry / 2;
             let op = &history[by_call[rank]];
@@ -333,10 +361,13 @@ pub fn check<M: Model>(
             placed.remove(frame.entry / 2, frame.low, frame.high);
             state = frame.state;
             unlift(&mut next, &mut prev, frame.entry);
-            // The same entry again, with its next state if it has one.
-            entry = frame.entry;
-            first_branch = frame.branch + 1;
             lazy = frame.lazy;
+            (entry, first_branch) = match frame.branch {
+                // Back at its return, with nothing left to try there.
+                DROPPED => (frame.entry + 1, DROPPED),
+                // The same entry again, with its next state if it has one.
+                branch => (frame.entry, branch + 1),
+            };
         }
     }
     stats.cached = cache.len();

@@ -636,7 +636,8 @@ impl Model for Partition {
 
     /// An indeterminate operation took effect with whatever answer the
     /// rules give (which nobody saw): one state, or two for a take whose
-    /// outcome hung on when it ran; or it never took effect.
+    /// outcome hung on when it ran. (That it never took effect is the
+    /// checker's to try.)
     fn step_all(&self, state: &State, input: &Input, output: &Output) -> Vec<State> {
         let &Output::Unknown { called_ms, .. } = output else {
             return self.step(state, input, output).into_iter().collect();
@@ -658,7 +659,7 @@ impl Model for Partition {
                 .expect("an operation with a placeholder sessionId has an effect");
             next
         });
-        took_effect.chain([state.clone()]).collect()
+        took_effect.collect()
     }
 
     fn answered(&self, output: &Output) -> bool {
