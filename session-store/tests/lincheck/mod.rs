@@ -296,7 +296,12 @@ pub fn check<M: Model>(
             let rank = entry / 2;
             let op = &history[by_call[rank]];
             stats.steps += 1;
-            let branches = model.step_all(&state, &op.input, &op.output);
+            let mut branches = model.step_all(&state, &op.input, &op.output);
+            if unanswered[rank] {
+                // An effect that changes nothing is no effect, which is
+                // tried where the operation must be placed (above).
+                branches.retain(|after| *after != state);
+            }
             let mut lifted = false;
             for (branch, after) in branches.into_iter().enumerate().skip(first_branch) {
                 let (low, high) = (placed.low, placed.high);
