@@ -122,6 +122,11 @@ const NIL: usize = usize::MAX;
 /// The branch of an unanswered operation placed as never having taken
 /// effect.
 const DROPPED: usize = usize::MAX;
+/// The most configurations a search may remember (up to a few kilobytes
+/// each, with a long unanswered stretch in the key and many live runs):
+/// past it, it stops with a panic rather than take the machine's memory.
+/// Histories of 10,000 operations per partition need tens of thousands.
+pub const MAX_CONFIGURATIONS: usize = 1_000_000;
 /// How many operations of the longest prefix a failure shows.
 const TAIL: usize = 24;
 
@@ -256,6 +261,11 @@ pub fn check<M: Model>(
     // back to an entry whose earlier states led nowhere.
     let mut first_branch = 0;
     while next[head] != NIL {
+        assert!(
+            cache.len() <= MAX_CONFIGURATIONS,
+            "the search gave up after {MAX_CONFIGURATIONS} configurations ({stats:?}), \
+             neither finding a linearization nor ruling one out"
+        );
         let is_call = entry.is_multiple_of(2);
         if is_call && unanswered[entry / 2] != lazy {
             entry = next[entry];
