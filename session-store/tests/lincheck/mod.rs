@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use std::fmt::{Debug, Write as _};
 use std::hash::Hash;
 
+pub mod history;
 pub mod model;
 
 /// A sequential specification.
@@ -45,13 +46,35 @@ pub trait Model {
         output: &Self::Output,
     ) -> Option<Self::State>;
 
+    /// Every state the operation may leave with this answer, tried in
+    /// order: the one `step` gives, or several where the answer leaves the
+    /// effect open (an indeterminate operation whose effect hung on
+    /// something nobody saw, such as when it ran).
+    fn step_all(
+        &self,
+        state: &Self::State,
+        input: &Self::Input,
+        output: &Self::Output,
+    ) -> Vec<Self::State> {
+        self.step(state, input, output).into_iter().collect()
+    }
+
+    /// Whether the output is an answer. A call that never answered may
+    /// have had any effect `step_all` gives, or none.
+    fn answered(&self, _output: &Self::Output) -> bool {
+        true
+    }
+
     /// What the specification would answer (for reports). `output` is the
     /// answer seen, for models whose answer picks among fresh values.
     fn expected(&self, state: &Self::State, input: &Self::Input, output: &Self::Output) -> String;
 }
 
 /// One operation of a history. `call < ret`; times are comparable across
-/// clients (a global counter, or instants).
+/// clients (a global counter, or instants). An operation without an answer
+/// (a timeout, a lost connection; see [`Model::answered`]) has as `ret` the
+/// latest time it can have taken effect, or [`NEVER`]; it may also never
+/// have taken effect.
 #[derive(Debug, Clone)]
 pub struct Operation<I, O> {
     pub client: usize,
@@ -92,7 +115,18 @@ pub struct Failure<S> {
     pub stats: Stats,
 }
 
+/// The return time of an operation that never answered.
+pub const NEVER: u64 = u64::MAX;
+
 const NIL: usize = usize::MAX;
+/// The branch of an unanswered operation placed as never having taken
+/// effect.
+const DROPPED: usize = usize::MAX;
+/// The most configurations a search may remember (up to a few kilobytes
+/// each, with a long unanswered stretch in the key and many live runs):
+/// past it, it stops with a panic rather than take the machine's memory.
+/// Histories of 10,000 operations per partition need tens of thousands.
+pub const MAX_CONFIGURATIONS: usize = 1_000_000;
 /// How many operations of the longest prefix a failure shows.
 const TAIL: usize = 24;
 
@@ -136,10 +170,14 @@ impl Placed {
     }
 }
 
-/// A choice on the search stack: the call entry lifted, the state before
-/// it, the bounds of `Placed` before it.
+/// A choice on the search stack: the call entry lifted, which of the
+/// states its step allows was taken, in which pass, the state before it,
+/// the bounds of `Placed` before it.
 struct Frame<S> {
     entry: usize,
+    branch: usize,
+    /// Whether it was tried among the operations that never answered.
+    lazy: bool,
     state: S,
     low: usize,
     high: Option<usize>,
@@ -207,30 +245,101 @@ pub fn check<M: Model>(
     let mut stack: Vec<Frame<M::State>> = Vec::new();
     let mut state = model.init();
     let mut best: Option<Box<Failure<M::State>>> = None;
+    // Operations that never answered are tried last (`lazy`): only once no
+    // operation that answered can go next. Tried first, each would be
+    // placed at its call, and one that never took effect (or took effect
+    // late) would then be found out only where something contradicts it,
+    // perhaps far on, after a search of everything in between, and again at
+    // every later place it is tried. Tried last, it is placed where an
+    // answer needs it. The candidates are the same either way.
+    let unanswered: Vec<bool> = (by_call.iter())
+        .map(|&i| !model.answered(&history[i].output))
+        .collect();
+    let mut lazy = false;
     let mut entry = next[head];
+    // The first of an entry's states to try: past 0 when the search comes
+    // back to an entry whose earlier states led nowhere.
+    let mut first_branch = 0;
     while next[head] != NIL {
-        if entry.is_multiple_of(2) {
+        assert!(
+            cache.len() <= MAX_CONFIGURATIONS,
+            "the search gave up after {MAX_CONFIGURATIONS} configurations ({stats:?}), \
+             neither finding a linearization nor ruling one out"
+        );
+        let is_call = entry.is_multiple_of(2);
+        if is_call && unanswered[entry / 2] != lazy {
+            entry = next[entry];
+            continue;
+        }
+        if !is_call && !lazy {
+            // Nothing that answered can go next: now those that did not.
+            lazy = true;
+            entry = next[head];
+            continue;
+        }
+        if !is_call && unanswered[entry / 2] && first_branch != DROPPED {
+            // An unanswered operation that must be placed by now, none of
+            // its effects fitting: as never having taken effect. (Placed so
+            // anywhere earlier, it would leave the state as it was: trying
+            // that only here loses nothing.)
+            let (call, rank) = (entry - 1, entry / 2);
+            stats.steps += 1;
+            let (low, high) = (placed.low, placed.high);
+            placed.insert(rank);
+            let (key_low, key_words) = placed.key();
+            if cache.insert((key_low, key_words, state.clone())) {
+                stack.push(Frame {
+                    entry: call,
+                    branch: DROPPED,
+                    lazy,
+                    state: state.clone(),
+                    low,
+                    high,
+                });
+                lift(&mut next, &mut prev, call);
+                (entry, lazy) = (next[head], false);
+                continue;
+            }
+            placed.remove(rank, low, high);
+        }
+        if is_call {
             let rank = entry / 2;
             let op = &history[by_call[rank]];
             stats.steps += 1;
-            if let Some(after) = model.step(&state, &op.input, &op.output) {
+            let mut branches = model.step_all(&state, &op.input, &op.output);
+            if unanswered[rank] {
+                // An effect that changes nothing is no effect, which is
+                // tried where the operation must be placed (above).
+                branches.retain(|after| *after != state);
+            }
+            let mut lifted = false;
+            for (branch, after) in branches.into_iter().enumerate().skip(first_branch) {
                 let (low, high) = (placed.low, placed.high);
                 placed.insert(rank);
                 let (key_low, key_words) = placed.key();
                 if cache.insert((key_low, key_words, after.clone())) {
                     stack.push(Frame {
                         entry,
+                        branch,
+                        lazy,
                         state: std::mem::replace(&mut state, after),
                         low,
                         high,
                     });
                     lift(&mut next, &mut prev, entry);
-                    entry = next[head];
-                    continue;
+                    lifted = true;
+                    break;
                 }
                 placed.remove(rank, low, high);
             }
-            entry = next[entry];
+            first_branch = 0;
+            entry = match lifted {
+                true => {
+                    lazy = false;
+                    next[head]
+                }
+                false => next[entry],
+            };
         } else {
             // The operation answering here cannot be placed next.
             if best.as_ref().is_none_or(|b| stack.len() > b.linearized) {
@@ -267,7 +376,13 @@ pub fn check<M: Model>(
             placed.remove(frame.entry / 2, frame.low, frame.high);
             state = frame.state;
             unlift(&mut next, &mut prev, frame.entry);
-            entry = next[frame.entry];
+            lazy = frame.lazy;
+            (entry, first_branch) = match frame.branch {
+                // Back at its return, with nothing left to try there.
+                DROPPED => (frame.entry + 1, DROPPED),
+                // The same entry again, with its next state if it has one.
+                branch => (frame.entry, branch + 1),
+            };
         }
     }
     stats.cached = cache.len();
@@ -323,153 +438,4 @@ pub fn explain<M: Model>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A read/write register of small integers.
-    struct Register;
-
-    #[derive(Debug, Clone, Copy)]
-    enum RegIn {
-        Write(u32),
-        Read,
-    }
-
-    impl Model for Register {
-        type State = u32;
-        type Input = RegIn;
-        type Output = u32;
-
-        fn init(&self) -> u32 {
-            0
-        }
-
-        fn step(&self, state: &u32, input: &RegIn, output: &u32) -> Option<u32> {
-            match input {
-                RegIn::Write(v) => Some(*v),
-                RegIn::Read => (output == state).then_some(*state),
-            }
-        }
-
-        fn expected(&self, state: &u32, input: &RegIn, _: &u32) -> String {
-            match input {
-                RegIn::Write(_) => "ok".into(),
-                RegIn::Read => state.to_string(),
-            }
-        }
-    }
-
-    fn op(client: usize, input: RegIn, output: u32, call: u64, ret: u64) -> Operation<RegIn, u32> {
-        Operation {
-            client,
-            input,
-            call,
-            output,
-            ret,
-        }
-    }
-
-    #[test]
-    fn an_empty_history_is_linearizable() {
-        assert_eq!(check(&Register, &[]).unwrap().ops, 0);
-    }
-
-    #[test]
-    fn a_sequential_history_that_follows_the_model_is_accepted() {
-        let history = [
-            op(0, RegIn::Write(1), 0, 0, 1),
-            op(1, RegIn::Read, 1, 2, 3),
-            op(0, RegIn::Write(2), 0, 4, 5),
-            op(1, RegIn::Read, 2, 6, 7),
-        ];
-        check(&Register, &history).unwrap();
-    }
-
-    #[test]
-    fn a_read_of_an_overwritten_value_after_the_write_completed_is_rejected() {
-        let history = [op(0, RegIn::Write(1), 0, 0, 1), op(1, RegIn::Read, 0, 2, 3)];
-        let failure = check(&Register, &history).unwrap_err();
-        assert_eq!(failure.linearized, 1, "the write, and nothing after it");
-        assert_eq!(failure.blocked, 1, "the stale read");
-        assert_eq!(failure.candidates, [1]);
-        assert_eq!(failure.state, 1);
-        let text = explain(&Register, &history, &failure);
-        assert!(text.contains("at most 1 of 2"), "{text}");
-        assert!(text.contains("model:   1"), "{text}");
-    }
-
-    #[test]
-    fn overlapping_operations_may_take_effect_in_any_order_that_fits() {
-        // The write overlaps both reads: the first read sees the old
-        // value, the second the new one. Linearizable: read, write, read.
-        let history = [
-            op(0, RegIn::Write(1), 0, 0, 10),
-            op(1, RegIn::Read, 0, 1, 2),
-            op(2, RegIn::Read, 1, 3, 4),
-        ];
-        check(&Register, &history).unwrap();
-        // Even listed out of order, and with the write taking effect only
-        // after a read that started later.
-        let history = [
-            op(2, RegIn::Read, 1, 3, 4),
-            op(0, RegIn::Write(1), 0, 0, 10),
-            op(1, RegIn::Read, 0, 1, 9),
-        ];
-        check(&Register, &history).unwrap();
-    }
-
-    #[test]
-    fn a_new_value_then_the_old_one_is_rejected_even_when_overlapping_the_write() {
-        // The first read (complete before the second began) saw the new
-        // value, the second the old one: no order fits.
-        let history = [
-            op(0, RegIn::Write(1), 0, 0, 10),
-            op(1, RegIn::Read, 1, 1, 2),
-            op(2, RegIn::Read, 0, 3, 4),
-        ];
-        let failure = check(&Register, &history).unwrap_err();
-        assert_eq!(failure.blocked, 2, "the read of the old value");
-        assert!(failure.linearized >= 1);
-    }
-
-    #[test]
-    fn memoization_makes_wide_histories_cheap() {
-        // 8 clients each write the same value 300 times; the 8 writes of a
-        // round overlap. A last read of a value nobody wrote makes the
-        // history fail, which forces the whole space to be searched: 8!
-        // orders per round, nested over 300 rounds, without the cache; with
-        // it, each subset of a round once (300 * 2^8 configurations).
-        let mut history = Vec::new();
-        for round in 0..300u64 {
-            for client in 0..8u64 {
-                let call = round * 100 + client;
-                history.push(op(client as usize, RegIn::Write(7), 0, call, call + 50));
-            }
-        }
-        let stats = check(&Register, &history).unwrap();
-        assert_eq!(stats.ops, 2400);
-        history.push(op(99, RegIn::Read, 8, 40_000, 40_001));
-        let failure = check(&Register, &history).unwrap_err();
-        assert_eq!(failure.blocked, 2400);
-        assert_eq!(failure.linearized, 2400);
-        assert!(
-            failure.stats.cached <= 300 * 256 + 1,
-            "configurations explored: {}",
-            failure.stats.cached
-        );
-    }
-
-    #[test]
-    fn the_search_backtracks_out_of_a_wrong_early_choice() {
-        // Both writes overlap; the reads after them force write 2 to go
-        // first, then write 1, although write 1 was called first.
-        let history = [
-            op(0, RegIn::Write(1), 0, 0, 10),
-            op(1, RegIn::Write(2), 0, 1, 11),
-            op(2, RegIn::Read, 2, 2, 3),
-            op(2, RegIn::Read, 1, 12, 13),
-        ];
-        let stats = check(&Register, &history).unwrap();
-        assert!(stats.backtracks >= 1, "{stats:?}");
-    }
-}
+mod tests;
