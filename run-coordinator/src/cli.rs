@@ -302,12 +302,21 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// The settings `args` and `env` give the `run-coordinator` binary, by
-    /// its own parser (for checking manifests without running it).
+    /// its own parser and [`check`](Self::check) (for checking manifests
+    /// without running it).
     pub fn from_settings(
         args: &[String],
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<Self, String> {
-        clawgate_common::settings::parse("run-coordinator", args, env)
+        let args: Self = clawgate_common::settings::parse("run-coordinator", args, env)?;
+        args.check()?;
+        Ok(args)
+    }
+
+    /// Refuses settings that would leave the coordinator open: service
+    /// tokens shorter than the shortest secret allowed.
+    pub fn check(&self) -> Result<(), String> {
+        self.service_token.as_ref().map_or(Ok(()), |t| t.check())
     }
 }
 

@@ -93,12 +93,21 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     /// The settings `args` and `env` give the `session-store` binary, by its
-    /// own parser (for checking manifests without running it).
+    /// own parser and [`check`](Self::check) (for checking manifests
+    /// without running it).
     pub fn from_settings(
         args: &[String],
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<Self, String> {
-        clawgate_common::settings::parse("session-store", args, env)
+        let config: Self = clawgate_common::settings::parse("session-store", args, env)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Refuses settings that would leave the store open: service tokens
+    /// shorter than the shortest secret allowed.
+    pub fn check(&self) -> Result<(), String> {
+        self.service_token.as_ref().map_or(Ok(()), |t| t.check())
     }
 }
 

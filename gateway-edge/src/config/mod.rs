@@ -9,6 +9,7 @@ use std::time::Duration;
 use cidr::Cidr;
 use clap::{Args, FromArgMatches, ValueEnum};
 use clawgate_common::{limits, parse_duration};
+use clawgate_telemetry::service_auth::check_secret_length;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AuthMode {
@@ -121,9 +122,15 @@ pub struct EdgeConfig {
     pub password: Option<String>,
     /// Secret that signs device tokens; replicas sharing it accept each
     /// other's tokens and tokens survive restarts. Unset: a random one per
-    /// process.
+    /// process. A token is also bound to the shared secret (EDGE_TOKEN or
+    /// EDGE_PASSWORD): rotating either secret revokes every device token.
     #[arg(long, env = "EDGE_DEVICE_TOKEN_SECRET", hide_env_values = true)]
     pub device_token_secret: Option<String>,
+    /// How long a device token is taken after it was issued; a device
+    /// reconnecting with it is issued a fresh one, so only a device away
+    /// for longer must give the shared secret again.
+    #[arg(long, env = "EDGE_DEVICE_TOKEN_TTL", default_value = "30d", value_parser = parse_duration)]
+    pub device_token_ttl: Duration,
     /// Time a socket has to complete `connect`.
     #[arg(long, env = "EDGE_HANDSHAKE_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
@@ -358,6 +365,22 @@ impl EdgeConfig {
             self.preauth_max_bytes,
             self.max_payload
         );
+        anyhow::ensure!(
+            !self.device_token_ttl.is_zero(),
+            "EDGE_DEVICE_TOKEN_TTL must be above 0"
+        );
+        for (what, secret) in [
+            ("EDGE_TOKEN", &self.token),
+            ("EDGE_PASSWORD", &self.password),
+            ("EDGE_DEVICE_TOKEN_SECRET", &self.device_token_secret),
+        ] {
+            if let Some(secret) = secret.as_deref().filter(|s| !s.is_empty()) {
+                check_secret_length(what, secret).map_err(anyhow::Error::msg)?;
+            }
+        }
+        if let Some(tokens) = &self.service_token {
+            tokens.check().map_err(anyhow::Error::msg)?;
+        }
         match self.auth_mode {
             AuthMode::None if !self.listen.ip().is_loopback() => {
                 anyhow::bail!("auth mode `none` is only allowed on a loopback listen address")
@@ -389,9 +412,6 @@ impl EdgeConfig {
         Ok(Some(root))
     }
 
-    /// Token auth on loopback port 0 with every other setting at its
-    /// default (tests, benchmarks). The defaults are the flags' own, read
-    /// without the environment, so this cannot drift from them.
     /// The cap on open sockets (`--max-sockets`), resolved: given, or
     /// the descriptor limit less its reserve.
     pub fn socket_cap(&self) -> usize {
@@ -405,6 +425,9 @@ impl EdgeConfig {
         limit.saturating_sub((limit / 8).max(64)).max(1)
     }
 
+    /// Token auth on loopback port 0 with every other setting at its
+    /// default (tests, benchmarks). The defaults are the flags' own, read
+    /// without the environment, so this cannot drift from them.
     pub fn with_token(coordinator_address: String, store_address: String, token: &str) -> Self {
         let command =
             Self::augment_args(clap::Command::new("gateway-edge")).mut_args(|arg| arg.env(None));

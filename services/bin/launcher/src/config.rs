@@ -154,7 +154,8 @@ impl Settings {
         Self::from_matches(&command().try_get_matches_from(args)?)
     }
 
-    /// Checks that the limits of the three services agree along the
+    /// Checks each service's own start-up rules (its secrets, its
+    /// transport), and that the limits of the three services agree along the
     /// request path (docs/limits.md): each hop accepts at least what the
     /// one before it lets through, so a request is refused by the limit
     /// meant for it, never by a transport limit further in.
@@ -163,6 +164,8 @@ impl Settings {
             ENVELOPE_BYTES, attachments_bytes_needed, entry_bytes_needed, run_payload_bytes_needed,
         };
         // Each service's own start-up checks, then the chain between them.
+        self.store.check().map_err(anyhow::Error::msg)?;
+        self.coordinator.check().map_err(anyhow::Error::msg)?;
         session_store::server::check_transport(&(&self.store).into())?;
         run_coordinator::server::check_transport(&self.coordinator)?;
         let run = &self.coordinator.coordinator;
@@ -286,6 +289,15 @@ mod tests {
         assert_eq!(listens.store.listen.port(), 1);
         assert_eq!(listens.coordinator.listen.port(), 2);
         assert_eq!(listens.edge.listen.port(), 3);
+    }
+
+    #[test]
+    fn device_tokens_last_30_days_unless_the_edge_is_told_otherwise() {
+        let day = std::time::Duration::from_secs(86_400);
+        let default = Settings::try_parse_from(["clawgate"]).unwrap();
+        assert_eq!(default.edge.device_token_ttl, 30 * day);
+        let set = Settings::try_parse_from(["clawgate", "--edge-device-token-ttl", "7d"]).unwrap();
+        assert_eq!(set.edge.device_token_ttl, 7 * day);
     }
 
     #[test]
