@@ -296,6 +296,11 @@ pub struct ServeArgs {
     /// (docs/security.md). Unset: no token asked or sent.
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
+    /// Serve without a service token on an address beyond loopback: anyone
+    /// who reaches the port may submit, cancel or read any run. Without it
+    /// such a coordinator refuses to start (docs/security.md).
+    #[arg(long, env = "CLAWGATE_INSECURE")]
+    pub insecure: bool,
     #[command(flatten)]
     pub coordinator: CoordinatorArgs,
 }
@@ -314,9 +319,15 @@ impl ServeArgs {
     }
 
     /// Refuses settings that would leave the coordinator open: service
-    /// tokens shorter than the shortest secret allowed.
+    /// tokens shorter than the shortest secret allowed, or none on an
+    /// address beyond loopback without `--insecure`.
     pub fn check(&self) -> Result<(), String> {
-        self.service_token.as_ref().map_or(Ok(()), |t| t.check())
+        clawgate_telemetry::service_auth::check_exposure(
+            "the run coordinator",
+            self.listen,
+            self.service_token.as_ref(),
+            self.insecure,
+        )
     }
 }
 

@@ -30,6 +30,12 @@ pub struct StoreConfig {
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
 
+    /// Serve without a service token on an address beyond loopback: anyone
+    /// who reaches the port may call every RPC. Without it such a store
+    /// refuses to start (docs/security.md).
+    #[arg(long, env = "CLAWGATE_INSECURE")]
+    pub insecure: bool,
+
     /// Where the data lives: a file path (the embedded store) or a
     /// `postgres://` URL.
     #[arg(
@@ -105,9 +111,15 @@ impl StoreConfig {
     }
 
     /// Refuses settings that would leave the store open: service tokens
-    /// shorter than the shortest secret allowed.
+    /// shorter than the shortest secret allowed, or none on an address
+    /// beyond loopback without `--insecure`.
     pub fn check(&self) -> Result<(), String> {
-        self.service_token.as_ref().map_or(Ok(()), |t| t.check())
+        clawgate_telemetry::service_auth::check_exposure(
+            "the session store",
+            self.listen,
+            self.service_token.as_ref(),
+            self.insecure,
+        )
     }
 }
 

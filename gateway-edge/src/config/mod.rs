@@ -9,11 +9,12 @@ use std::time::Duration;
 use cidr::Cidr;
 use clap::{Args, FromArgMatches, ValueEnum};
 use clawgate_common::{limits, parse_duration};
-use clawgate_telemetry::service_auth::check_secret_length;
+use clawgate_telemetry::service_auth::{check_secret_length, is_loopback_address};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AuthMode {
-    /// No secret. Refused unless the edge listens on loopback only.
+    /// No secret. Refused unless the edge listens on loopback only, or is
+    /// told `--insecure`.
     None,
     /// A shared token (`connect.params.auth.token`).
     Token,
@@ -289,6 +290,12 @@ pub struct EdgeConfig {
     /// token.
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
+    /// Start where the edge would otherwise refuse to, as open as that is:
+    /// auth mode `none` on an address beyond loopback, or an edge beyond
+    /// loopback calling a store or coordinator beyond loopback without a
+    /// service token (so those must serve anyone; docs/security.md).
+    #[arg(long, env = "CLAWGATE_INSECURE")]
+    pub insecure: bool,
     /// Most WebSocket connections at once, each counted from its upgrade
     /// until its socket is gone, authenticated or not; one more is refused
     /// 503 before it is upgraded.
@@ -381,9 +388,27 @@ impl EdgeConfig {
         if let Some(tokens) = &self.service_token {
             tokens.check().map_err(anyhow::Error::msg)?;
         }
+        let exposed = !self.listen.ip().is_loopback() && !self.insecure;
+        let remote_backend = std::iter::once(self.store_address.as_str())
+            .chain(self.coordinator_address.split(','))
+            .find(|address| !is_loopback_address(address.trim()));
+        if let (true, None, Some(backend)) = (exposed, &self.service_token, remote_backend) {
+            anyhow::bail!(
+                "the edge listens on {}, beyond loopback, and calls {} with no service token: \
+                 that service must then serve anyone. Set CLAWGATE_SERVICE_TOKEN (docs/security.md), \
+                 or pass --insecure (CLAWGATE_INSECURE=true) to run so anyway",
+                self.listen,
+                backend.trim()
+            );
+        }
         match self.auth_mode {
-            AuthMode::None if !self.listen.ip().is_loopback() => {
-                anyhow::bail!("auth mode `none` is only allowed on a loopback listen address")
+            AuthMode::None if exposed => {
+                anyhow::bail!(
+                    "auth mode `none` on {}, beyond loopback, lets anyone who reaches it in: \
+                     use auth mode token or password, listen on loopback, or pass --insecure \
+                     (CLAWGATE_INSECURE=true) to run so anyway",
+                    self.listen
+                )
             }
             AuthMode::Token if self.token.as_deref().is_none_or(str::is_empty) => {
                 anyhow::bail!("auth mode `token` needs --token (EDGE_TOKEN)")

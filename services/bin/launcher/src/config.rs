@@ -291,6 +291,37 @@ mod tests {
         assert_eq!(listens.edge.listen.port(), 3);
     }
 
+    /// What the start-up checks say of `args`, refused.
+    fn refusal(args: &[&str]) -> String {
+        let args = std::iter::once("clawgate").chain(args.iter().copied());
+        Settings::try_parse_from(args)
+            .unwrap()
+            .check_limits()
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_store_or_coordinator_beyond_loopback_needs_a_token_or_insecure() {
+        for (service, named) in [
+            ("store", "the session store listens on 0.0.0.0:0"),
+            ("coordinator", "the run coordinator listens on 0.0.0.0:0"),
+        ] {
+            let listen = format!("--{service}-listen=0.0.0.0:0");
+            let error = refusal(&[&listen]);
+            assert!(error.starts_with(named), "{listen}: {error}");
+            for allowed in [
+                format!("--{service}-insecure"),
+                format!("--{service}-service-token=a-long-service-token"),
+            ] {
+                Settings::try_parse_from(["clawgate", &listen, &allowed])
+                    .unwrap()
+                    .check_limits()
+                    .unwrap_or_else(|e| panic!("{listen} {allowed}: {e}"));
+            }
+        }
+    }
+
     #[test]
     fn device_tokens_last_30_days_unless_the_edge_is_told_otherwise() {
         let day = std::time::Duration::from_secs(86_400);
@@ -326,11 +357,7 @@ mod tests {
                 "COORDINATOR_GRPC_MAX_MESSAGE_BYTES",
             ),
         ] {
-            let error = Settings::try_parse_from(["clawgate", flag])
-                .unwrap()
-                .check_limits()
-                .unwrap_err()
-                .to_string();
+            let error = refusal(&[flag]);
             assert!(error.starts_with(named), "{flag}: {error}");
         }
     }

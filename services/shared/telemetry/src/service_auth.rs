@@ -43,6 +43,50 @@ pub fn check_secret_length(what: &str, secret: &str) -> Result<(), String> {
     }
 }
 
+/// What a server listening beyond loopback without a service token says
+/// when it is not told `--insecure`: the reason, and the three ways out.
+const EXPOSED: &str = "anyone who reaches it could call every RPC. Set CLAWGATE_SERVICE_TOKEN \
+     (docs/security.md), listen on loopback, or pass --insecure (CLAWGATE_INSECURE=true) to \
+     serve without authentication anyway";
+
+/// The start-up rule of a gRPC server (`service`, listening on `listen`):
+/// its tokens must be long enough, and a server reachable beyond loopback
+/// must have tokens, unless `insecure` says it is to be open. (Mutual TLS
+/// would be the other way to authenticate callers; it is not built yet.)
+pub fn check_exposure(
+    service: &str,
+    listen: std::net::SocketAddr,
+    tokens: Option<&ServiceTokens>,
+    insecure: bool,
+) -> Result<(), String> {
+    match tokens {
+        Some(tokens) => tokens.check(),
+        None if insecure || listen.ip().is_loopback() => Ok(()),
+        None => Err(format!(
+            "{service} listens on {listen}, beyond loopback, with no service token: {EXPOSED}"
+        )),
+    }
+}
+
+/// Whether the host of `address` (`http://host:port/…`, `host:port`, or a
+/// bare host) is this machine only: `localhost` or a loopback IP.
+pub fn is_loopback_address(address: &str) -> bool {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None if authority.matches(':').count() > 1 => authority,
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Whether `a` and `b` are equal, in time that depends on neither.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let (a, b) = (Sha256::digest(a), Sha256::digest(b));
@@ -247,6 +291,48 @@ mod tests {
             "CLAWGATE_SERVICE_TOKEN (token 2 of 2) is 5 bytes long: a shared secret needs \
              16 bytes at least (make one with `openssl rand -hex 32`)"
         );
+    }
+
+    #[test]
+    fn a_server_beyond_loopback_needs_tokens_unless_told_insecure() {
+        let any: std::net::SocketAddr = "0.0.0.0:50061".parse().unwrap();
+        let local: std::net::SocketAddr = "127.0.0.1:50061".parse().unwrap();
+        let tokens: ServiceTokens = "a-long-enough-token".parse().unwrap();
+        assert_eq!(check_exposure("the store", local, None, false), Ok(()));
+        assert_eq!(
+            check_exposure("the store", any, Some(&tokens), false),
+            Ok(())
+        );
+        assert_eq!(check_exposure("the store", any, None, true), Ok(()));
+        let refused = check_exposure("the store", any, None, false).unwrap_err();
+        assert!(
+            refused.starts_with("the store listens on 0.0.0.0:50061, beyond loopback, with no"),
+            "{refused}"
+        );
+        assert!(refused.contains("--insecure"), "{refused}");
+    }
+
+    #[test]
+    fn loopback_addresses_are_told_apart() {
+        for local in [
+            "http://127.0.0.1:50061",
+            "http://localhost:50062/",
+            "127.0.0.2:1",
+            "http://[::1]:50061",
+            "::1",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback_address(local), "{local}");
+        }
+        for remote in [
+            "http://session-store:50061",
+            "http://10.0.0.1:50061",
+            "http://[fd00::1]:1",
+            "http://localhost.example.com:1",
+            "",
+        ] {
+            assert!(!is_loopback_address(remote), "{remote}");
+        }
     }
 
     #[test]
