@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use clawgate_system_tests::client::with_test_token;
 use common::*;
 use run_coordinator::config::CoordinatorConfig;
 use run_coordinator::runtime::echo::{EchoConfig, EchoRuntime};
@@ -136,7 +137,7 @@ async fn replay(file: &str) {
             .is_some_and(|r| r["side"] == "server");
         let mut pending: Vec<(String, Vec<&Value>)> = Vec::new();
         for request in &requests {
-            client.send(request).await;
+            client.send(&with_test_token(request)).await;
             let id = request["id"].as_str().unwrap().to_owned();
             let expected: Vec<&Value> = records
                 .iter()
@@ -546,6 +547,7 @@ fn resign_connect(frame: &mut Value, recorded_nonce: &str, recorded_at: i64, cha
     let params = frame["params"].clone();
     let device = &params["device"];
     if !device.is_object() {
+        *frame = with_test_token(frame);
         return;
     }
     let scopes: Vec<String> = params["scopes"]
@@ -584,6 +586,18 @@ fn resign_connect(frame: &mut Value, recorded_nonce: &str, recorded_at: i64, cha
     {
         2 => PayloadVersion::V2,
         _ => PayloadVersion::V3,
+    };
+    // The recorded block verified with the recorded token; the new one
+    // signs the token this replay sends.
+    *frame = with_test_token(frame);
+    let auth = &frame["params"]["auth"];
+    let ctx = SignedContext {
+        token: signed_token(
+            auth["token"].as_str(),
+            auth["deviceToken"].as_str(),
+            auth["bootstrapToken"].as_str(),
+        ),
+        ..ctx
     };
     let key = SigningKey::from_bytes(&[7; 32]);
     let public = key.verifying_key().to_bytes();

@@ -7,6 +7,7 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use clawgate_system_tests::client::with_test_token;
 use common::*;
 use futures::{SinkExt, StreamExt};
 use gateway_edge::EdgeConfig;
@@ -1000,7 +1001,10 @@ async fn recorded_rejections_are_answered_like_the_real_gateway() {
 async fn the_recorded_probe_gets_the_recorded_answers() {
     let (system, url) = start(|_| {}).await;
     let records = captures::records("12-status-probe-commands.jsonl");
-    let sent = recorded_frames(&records, 2, "c2s");
+    let sent: Vec<Value> = recorded_frames(&records, 2, "c2s")
+        .into_iter()
+        .map(with_test_token)
+        .collect();
     let recorded = recorded_frames(&records, 2, "s2c");
     let (mut ws, _) = open(&url).await;
     for frame in &sent {

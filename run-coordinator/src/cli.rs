@@ -296,18 +296,38 @@ pub struct ServeArgs {
     /// (docs/security.md). Unset: no token asked or sent.
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
+    /// Serve without a service token on an address beyond loopback: anyone
+    /// who reaches the port may submit, cancel or read any run. Without it
+    /// such a coordinator refuses to start (docs/security.md).
+    #[arg(long, env = "CLAWGATE_INSECURE")]
+    pub insecure: bool,
     #[command(flatten)]
     pub coordinator: CoordinatorArgs,
 }
 
 impl ServeArgs {
     /// The settings `args` and `env` give the `run-coordinator` binary, by
-    /// its own parser (for checking manifests without running it).
+    /// its own parser and [`check`](Self::check) (for checking manifests
+    /// without running it).
     pub fn from_settings(
         args: &[String],
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<Self, String> {
-        clawgate_common::settings::parse("run-coordinator", args, env)
+        let args: Self = clawgate_common::settings::parse("run-coordinator", args, env)?;
+        args.check()?;
+        Ok(args)
+    }
+
+    /// Refuses settings that would leave the coordinator open: service
+    /// tokens shorter than the shortest secret allowed, or none on an
+    /// address beyond loopback without `--insecure`.
+    pub fn check(&self) -> Result<(), String> {
+        clawgate_telemetry::service_auth::check_exposure(
+            "the run coordinator",
+            self.listen,
+            self.service_token.as_ref(),
+            self.insecure,
+        )
     }
 }
 

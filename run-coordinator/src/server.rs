@@ -29,6 +29,7 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    args.check().map_err(anyhow::Error::msg)?;
     check_transport(&args)?;
     let store = RemoteStore::connect_with(&args.store_address, args.service_token.as_ref())
         .await

@@ -30,6 +30,12 @@ pub struct StoreConfig {
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
 
+    /// Serve without a service token on an address beyond loopback: anyone
+    /// who reaches the port may call every RPC. Without it such a store
+    /// refuses to start (docs/security.md).
+    #[arg(long, env = "CLAWGATE_INSECURE")]
+    pub insecure: bool,
+
     /// Where the data lives: a file path (the embedded store) or a
     /// `postgres://` URL.
     #[arg(
@@ -93,12 +99,27 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     /// The settings `args` and `env` give the `session-store` binary, by its
-    /// own parser (for checking manifests without running it).
+    /// own parser and [`check`](Self::check) (for checking manifests
+    /// without running it).
     pub fn from_settings(
         args: &[String],
         env: &std::collections::BTreeMap<String, String>,
     ) -> Result<Self, String> {
-        clawgate_common::settings::parse("session-store", args, env)
+        let config: Self = clawgate_common::settings::parse("session-store", args, env)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Refuses settings that would leave the store open: service tokens
+    /// shorter than the shortest secret allowed, or none on an address
+    /// beyond loopback without `--insecure`.
+    pub fn check(&self) -> Result<(), String> {
+        clawgate_telemetry::service_auth::check_exposure(
+            "the session store",
+            self.listen,
+            self.service_token.as_ref(),
+            self.insecure,
+        )
     }
 }
 

@@ -113,6 +113,7 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    config.check().map_err(anyhow::Error::msg)?;
     let options = ServeOptions {
         metrics_listener: Some(TcpListener::bind(config.metrics_listen).await?),
         ..ServeOptions::from(&config)

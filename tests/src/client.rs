@@ -14,9 +14,23 @@ use clawgate_client::{ClientError, ClientInfo, ConnectParams, OpenOptions};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-/// The shared secret clients present (the captures' throwaway token: the
-/// fixtures recorded against the official gateway used it too).
-pub const TOKEN: &str = "testtoken";
+/// The shared secret clients present.
+pub const TOKEN: &str = "test-token-0123456789";
+
+/// The throwaway token of the fixtures recorded against the official
+/// gateway: shorter than the 16 bytes an edge takes, so a replay puts
+/// [`TOKEN`] in its place ([`with_test_token`]).
+pub const CAPTURED_TOKEN: &str = "testtoken";
+
+/// A recorded `connect` frame with [`CAPTURED_TOKEN`] replaced by
+/// [`TOKEN`] in `auth.token`; other frames as they are.
+pub fn with_test_token(frame: &Value) -> Value {
+    let mut frame = frame.clone();
+    if frame["method"] == "connect" && frame["params"]["auth"]["token"] == CAPTURED_TOKEN {
+        frame["params"]["auth"]["token"] = Value::from(TOKEN);
+    }
+    frame
+}
 
 /// Read, write and admin: every method the edge serves.
 pub const OPERATOR_SCOPES: &[&str] = &["operator.read", "operator.write", "operator.admin"];

@@ -275,7 +275,7 @@ pub fn documents(cache: &Path, yaml: &str) -> Vec<serde_json::Value> {
 /// `workload`: `envFrom` ConfigMaps first, then `env` in order, each value
 /// with the `$(VAR)` references to variables defined before it expanded
 /// (others stay as written, as the kubelet leaves them). Secrets read as a
-/// placeholder; `Err` names ConfigMaps or keys that do not exist.
+/// placeholder (as long as a real secret must be); `Err` names ConfigMaps or keys that do not exist.
 pub fn container_env(
     container: &serde_json::Value,
     workload: &serde_json::Value,
@@ -321,7 +321,7 @@ pub fn container_env(
                 }
             }
         } else {
-            "<secret>".to_owned()
+            "<secret-read-from-a-secret>".to_owned()
         };
         env.insert(name, value);
     }

@@ -120,6 +120,26 @@ impl Process {
     }
 }
 
+/// Runs `command`, which must refuse to start: returns its exit status
+/// and its output (stdout, then stderr) once it exited; panics if it is
+/// still running after [`START_TIMEOUT`] (it started instead of refusing).
+pub async fn refused_start(mut command: Command) -> (ExitStatus, String) {
+    hold_default_ports();
+    command
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(START_TIMEOUT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{command:?} still runs after {START_TIMEOUT:?}: it started"))
+        .expect("the binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status, text)
+}
+
 /// Waits until `address`'s `/readyz` answers 200; panics after
 /// [`START_TIMEOUT`] with `output()`.
 pub async fn until_ready(address: SocketAddr, output: impl Fn() -> String) {

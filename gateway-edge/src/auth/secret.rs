@@ -1,5 +1,6 @@
 //! Shared-secret authentication at `connect` (auth mode `token` or
-//! `password`, or none), a device token standing in for the secret, and the
+//! `password`, or none), a device token standing in for the secret (bound
+//! to the secret's generation, valid for `EDGE_DEVICE_TOKEN_TTL`), and the
 //! limiter of failed attempts per client address
 //! (`EDGE_AUTH_FAILURES_PER_MINUTE`).
 //!
@@ -16,6 +17,7 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use clawgate_common::clock::now_ms;
 use clawgate_telemetry::service_auth::constant_time_eq;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -29,7 +31,7 @@ use crate::config::{AuthMode, EdgeConfig};
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 /// Decides who may connect: the configured secret, the device tokens this
-/// edge (or a replica sharing its secret) issued, and the failures so far.
+/// edge (or a replica sharing its secrets) issued, and the failures so far.
 pub struct Authenticator {
     mode: AuthMode,
     token: Option<String>,
@@ -39,21 +41,70 @@ pub struct Authenticator {
     failures: Mutex<FailureTable>,
     /// Signs and checks the tokens issued to devices in `hello-ok.auth`.
     pub device_tokens: DeviceTokens,
+    /// How long after its issue a device token is taken
+    /// (`EDGE_DEVICE_TOKEN_TTL`).
+    device_token_ttl_ms: i64,
+}
+
+/// The device tokens an edge with `config` issues and accepts.
+///
+/// The MAC key is derived from the device-token secret (a random one per
+/// process when none is set) and the shared secret of the auth mode, so
+/// that a token is bound to the shared secret's generation: rotating
+/// `EDGE_TOKEN` (or `EDGE_PASSWORD`, or the mode) revokes every device
+/// token issued under the old one, as rotating the device-token secret does.
+pub fn edge_device_tokens(config: &EdgeConfig) -> DeviceTokens {
+    let mut key = Sha256::new();
+    key.update(DEVICE_TOKEN_KEY_DOMAIN);
+    match &config.device_token_secret {
+        Some(secret) => length_prefixed(&mut key, secret.as_bytes()),
+        None => {
+            let mut random = [0u8; 32];
+            getrandom::fill(&mut random).expect("OS random source unavailable");
+            length_prefixed(&mut key, &random);
+        }
+    }
+    let (mode, shared) = match config.auth_mode {
+        AuthMode::None => ("none", None),
+        AuthMode::Token => ("token", config.token.as_deref()),
+        AuthMode::Password => ("password", config.password.as_deref()),
+    };
+    length_prefixed(&mut key, mode.as_bytes());
+    length_prefixed(&mut key, shared.unwrap_or_default().as_bytes());
+    DeviceTokens::new(key.finalize().into())
+}
+
+/// Domain separation for the device-token key derivation.
+const DEVICE_TOKEN_KEY_DOMAIN: &[u8] = b"clawgate/device-token-key/v2";
+
+fn length_prefixed(digest: &mut Sha256, bytes: &[u8]) {
+    digest.update((bytes.len() as u64).to_be_bytes());
+    digest.update(bytes);
+}
+
+/// What a connect's device token (if it gave one) says.
+enum DeviceTokenCheck {
+    /// None given, or one this edge cannot tell from a shared secret (a
+    /// token in `auth.token` that is not a device token of this edge).
+    Absent,
+    /// Issued to this device for at least this role and these scopes.
+    Grants,
+    /// A device token this edge will not take: the connect is refused with
+    /// this unless the shared secret is given too.
+    Refused(Rejection),
 }
 
 impl Authenticator {
     pub fn new(config: &EdgeConfig) -> Self {
-        let device_tokens = match &config.device_token_secret {
-            Some(secret) => DeviceTokens::new(Sha256::digest(secret.as_bytes()).into()),
-            None => DeviceTokens::random(),
-        };
         Self {
             mode: config.auth_mode,
             token: config.token.clone(),
             password: config.password.clone(),
             failures_per_minute: config.auth_failures_per_minute,
             failures: Mutex::new(FailureTable::new(config.auth_failure_addresses)),
-            device_tokens,
+            device_tokens: edge_device_tokens(config),
+            device_token_ttl_ms: i64::try_from(config.device_token_ttl.as_millis())
+                .unwrap_or(i64::MAX),
         }
     }
 
@@ -76,20 +127,36 @@ impl Authenticator {
         self.failures.lock().unwrap().len()
     }
 
-    /// A device token issued to the connecting device, asked for the role
-    /// and scopes it was issued for. The device's signature is checked after
+    /// The device token the connecting device gave (`auth.deviceToken`,
+    /// else `auth.token`), checked: issued to this device by this edge's
+    /// secrets (their current generation), not older than the TTL, and for
+    /// the role and scopes asked. The device's signature is checked after
     /// this, as for any device.
-    fn device_token_grants(&self, params: &ConnectParams) -> bool {
+    fn check_device_token(&self, params: &ConnectParams) -> DeviceTokenCheck {
         let Some(device) = &params.device else {
-            return false;
+            return DeviceTokenCheck::Absent;
         };
-        let Some(token) = params.auth_str("deviceToken").or(params.auth_str("token")) else {
-            return false;
+        let explicit = params.auth_str("deviceToken").filter(|t| !t.is_empty());
+        let Some(token) = explicit.or(params.auth_str("token")) else {
+            return DeviceTokenCheck::Absent;
         };
         let Some(issued) = self.device_tokens.verify(token, &device.id) else {
-            return false;
+            // Another device's, another secret's (or an earlier shared
+            // secret's), or made up. In `auth.token` it may be a wrong
+            // shared secret, which the caller reports as such.
+            return match explicit {
+                Some(_) => DeviceTokenCheck::Refused(device_token_refused(false)),
+                None => DeviceTokenCheck::Absent,
+            };
         };
-        issued.role == params.role && params.scopes.iter().all(|s| issued.scopes.contains(s))
+        if now_ms().saturating_sub(issued.issued_at_ms) > self.device_token_ttl_ms {
+            return DeviceTokenCheck::Refused(device_token_refused(true));
+        }
+        match issued.role == params.role && params.scopes.iter().all(|s| issued.scopes.contains(s))
+        {
+            true => DeviceTokenCheck::Grants,
+            false => DeviceTokenCheck::Absent,
+        }
     }
 
     /// Checks the secret (or a device token) a client connecting from `ip`
@@ -120,19 +187,44 @@ impl Authenticator {
             ),
         };
         let expected = expected.unwrap_or_default();
-        if self.device_token_grants(params) {
+        let device_token = self.check_device_token(params);
+        if let DeviceTokenCheck::Grants = device_token {
             return Ok("device-token");
         }
-        let outcome = match given {
-            None | Some("") => Err(missing(kind)),
-            Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(kind),
-            Some(_) => Err(mismatch(kind)),
+        let outcome = match (given, device_token) {
+            (Some(given), _) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(kind),
+            (_, DeviceTokenCheck::Refused(refusal)) => Err(refusal),
+            (None | Some(""), _) => Err(missing(kind)),
+            (Some(_), _) => Err(mismatch(kind)),
         };
         if outcome.is_err() {
             self.note_failure(ip);
         }
         outcome
     }
+}
+
+/// The refusal of a device token this edge does not take, in the protocol's
+/// shape (`AUTH_DEVICE_TOKEN_MISMATCH`, whose message a client recognises
+/// to drop its stored token): `expired` when it was issued here but longer
+/// ago than `EDGE_DEVICE_TOKEN_TTL`.
+fn device_token_refused(expired: bool) -> Rejection {
+    let (reason, message) = match expired {
+        true => (
+            "device_token_expired",
+            "unauthorized: device token mismatch (expired; rotate/reissue device token)",
+        ),
+        false => (
+            "device_token_mismatch",
+            "unauthorized: device token mismatch (rotate/reissue device token)",
+        ),
+    };
+    auth_failure(
+        "AUTH_DEVICE_TOKEN_MISMATCH",
+        reason,
+        message,
+        "update_auth_credentials",
+    )
 }
 
 /// Failed attempts per address: `(window start, failures in it)`, in two

@@ -9,10 +9,12 @@ use std::time::Duration;
 use cidr::Cidr;
 use clap::{Args, FromArgMatches, ValueEnum};
 use clawgate_common::{limits, parse_duration};
+use clawgate_telemetry::service_auth::{check_secret_length, is_loopback_address};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AuthMode {
-    /// No secret. Refused unless the edge listens on loopback only.
+    /// No secret. Refused unless the edge listens on loopback only, or is
+    /// told `--insecure`.
     None,
     /// A shared token (`connect.params.auth.token`).
     Token,
@@ -121,9 +123,15 @@ pub struct EdgeConfig {
     pub password: Option<String>,
     /// Secret that signs device tokens; replicas sharing it accept each
     /// other's tokens and tokens survive restarts. Unset: a random one per
-    /// process.
+    /// process. A token is also bound to the shared secret (EDGE_TOKEN or
+    /// EDGE_PASSWORD): rotating either secret revokes every device token.
     #[arg(long, env = "EDGE_DEVICE_TOKEN_SECRET", hide_env_values = true)]
     pub device_token_secret: Option<String>,
+    /// How long a device token is taken after it was issued; a device
+    /// reconnecting with it is issued a fresh one, so only a device away
+    /// for longer must give the shared secret again.
+    #[arg(long, env = "EDGE_DEVICE_TOKEN_TTL", default_value = "30d", value_parser = parse_duration)]
+    pub device_token_ttl: Duration,
     /// Time a socket has to complete `connect`.
     #[arg(long, env = "EDGE_HANDSHAKE_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
@@ -282,6 +290,12 @@ pub struct EdgeConfig {
     /// token.
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
+    /// Start where the edge would otherwise refuse to, as open as that is:
+    /// auth mode `none` on an address beyond loopback, or an edge beyond
+    /// loopback calling a store or coordinator beyond loopback without a
+    /// service token (so those must serve anyone; docs/security.md).
+    #[arg(long, env = "CLAWGATE_INSECURE")]
+    pub insecure: bool,
     /// Most WebSocket connections at once, each counted from its upgrade
     /// until its socket is gone, authenticated or not; one more is refused
     /// 503 before it is upgraded.
@@ -358,9 +372,43 @@ impl EdgeConfig {
             self.preauth_max_bytes,
             self.max_payload
         );
+        anyhow::ensure!(
+            !self.device_token_ttl.is_zero(),
+            "EDGE_DEVICE_TOKEN_TTL must be above 0"
+        );
+        for (what, secret) in [
+            ("EDGE_TOKEN", &self.token),
+            ("EDGE_PASSWORD", &self.password),
+            ("EDGE_DEVICE_TOKEN_SECRET", &self.device_token_secret),
+        ] {
+            if let Some(secret) = secret.as_deref().filter(|s| !s.is_empty()) {
+                check_secret_length(what, secret).map_err(anyhow::Error::msg)?;
+            }
+        }
+        if let Some(tokens) = &self.service_token {
+            tokens.check().map_err(anyhow::Error::msg)?;
+        }
+        let exposed = !self.listen.ip().is_loopback() && !self.insecure;
+        let remote_backend = std::iter::once(self.store_address.as_str())
+            .chain(self.coordinator_address.split(','))
+            .find(|address| !is_loopback_address(address.trim()));
+        if let (true, None, Some(backend)) = (exposed, &self.service_token, remote_backend) {
+            anyhow::bail!(
+                "the edge listens on {}, beyond loopback, and calls {} with no service token: \
+                 that service must then serve anyone. Set CLAWGATE_SERVICE_TOKEN (docs/security.md), \
+                 or pass --insecure (CLAWGATE_INSECURE=true) to run so anyway",
+                self.listen,
+                backend.trim()
+            );
+        }
         match self.auth_mode {
-            AuthMode::None if !self.listen.ip().is_loopback() => {
-                anyhow::bail!("auth mode `none` is only allowed on a loopback listen address")
+            AuthMode::None if exposed => {
+                anyhow::bail!(
+                    "auth mode `none` on {}, beyond loopback, lets anyone who reaches it in: \
+                     use auth mode token or password, listen on loopback, or pass --insecure \
+                     (CLAWGATE_INSECURE=true) to run so anyway",
+                    self.listen
+                )
             }
             AuthMode::Token if self.token.as_deref().is_none_or(str::is_empty) => {
                 anyhow::bail!("auth mode `token` needs --token (EDGE_TOKEN)")
@@ -389,9 +437,6 @@ impl EdgeConfig {
         Ok(Some(root))
     }
 
-    /// Token auth on loopback port 0 with every other setting at its
-    /// default (tests, benchmarks). The defaults are the flags' own, read
-    /// without the environment, so this cannot drift from them.
     /// The cap on open sockets (`--max-sockets`), resolved: given, or
     /// the descriptor limit less its reserve.
     pub fn socket_cap(&self) -> usize {
@@ -405,6 +450,9 @@ impl EdgeConfig {
         limit.saturating_sub((limit / 8).max(64)).max(1)
     }
 
+    /// Token auth on loopback port 0 with every other setting at its
+    /// default (tests, benchmarks). The defaults are the flags' own, read
+    /// without the environment, so this cannot drift from them.
     pub fn with_token(coordinator_address: String, store_address: String, token: &str) -> Self {
         let command =
             Self::augment_args(clap::Command::new("gateway-edge")).mut_args(|arg| arg.env(None));

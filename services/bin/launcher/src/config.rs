@@ -154,7 +154,8 @@ impl Settings {
         Self::from_matches(&command().try_get_matches_from(args)?)
     }
 
-    /// Checks that the limits of the three services agree along the
+    /// Checks each service's own start-up rules (its secrets, its
+    /// transport), and that the limits of the three services agree along the
     /// request path (docs/limits.md): each hop accepts at least what the
     /// one before it lets through, so a request is refused by the limit
     /// meant for it, never by a transport limit further in.
@@ -163,6 +164,8 @@ impl Settings {
             ENVELOPE_BYTES, attachments_bytes_needed, entry_bytes_needed, run_payload_bytes_needed,
         };
         // Each service's own start-up checks, then the chain between them.
+        self.store.check().map_err(anyhow::Error::msg)?;
+        self.coordinator.check().map_err(anyhow::Error::msg)?;
         session_store::server::check_transport(&(&self.store).into())?;
         run_coordinator::server::check_transport(&self.coordinator)?;
         let run = &self.coordinator.coordinator;
@@ -288,6 +291,46 @@ mod tests {
         assert_eq!(listens.edge.listen.port(), 3);
     }
 
+    /// What the start-up checks say of `args`, refused.
+    fn refusal(args: &[&str]) -> String {
+        let args = std::iter::once("clawgate").chain(args.iter().copied());
+        Settings::try_parse_from(args)
+            .unwrap()
+            .check_limits()
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_store_or_coordinator_beyond_loopback_needs_a_token_or_insecure() {
+        for (service, named) in [
+            ("store", "the session store listens on 0.0.0.0:0"),
+            ("coordinator", "the run coordinator listens on 0.0.0.0:0"),
+        ] {
+            let listen = format!("--{service}-listen=0.0.0.0:0");
+            let error = refusal(&[&listen]);
+            assert!(error.starts_with(named), "{listen}: {error}");
+            for allowed in [
+                format!("--{service}-insecure"),
+                format!("--{service}-service-token=a-long-service-token"),
+            ] {
+                Settings::try_parse_from(["clawgate", &listen, &allowed])
+                    .unwrap()
+                    .check_limits()
+                    .unwrap_or_else(|e| panic!("{listen} {allowed}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn device_tokens_last_30_days_unless_the_edge_is_told_otherwise() {
+        let day = std::time::Duration::from_secs(86_400);
+        let default = Settings::try_parse_from(["clawgate"]).unwrap();
+        assert_eq!(default.edge.device_token_ttl, 30 * day);
+        let set = Settings::try_parse_from(["clawgate", "--edge-device-token-ttl", "7d"]).unwrap();
+        assert_eq!(set.edge.device_token_ttl, 7 * day);
+    }
+
     #[test]
     fn values_that_look_like_flags_survive_the_second_parse() {
         let settings = Settings::try_parse_from(["clawgate", "--edge-token=--not-a-flag"]).unwrap();
@@ -314,11 +357,7 @@ mod tests {
                 "COORDINATOR_GRPC_MAX_MESSAGE_BYTES",
             ),
         ] {
-            let error = Settings::try_parse_from(["clawgate", flag])
-                .unwrap()
-                .check_limits()
-                .unwrap_err()
-                .to_string();
+            let error = refusal(&[flag]);
             assert!(error.starts_with(named), "{flag}: {error}");
         }
     }

@@ -170,3 +170,19 @@ async fn a_given_token_is_not_printed() {
         "{output}"
     );
 }
+
+/// A shared secret under 16 bytes stops the all-in-one before it serves,
+/// with the setting named and the secret not printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_token_stops_the_all_in_one_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    let short = "short-secret";
+    let (status, output) =
+        clawgate_system_tests::process::refused_start(common::all_in_one(data.path(), short)).await;
+    assert!(!status.success(), "{output}");
+    assert!(
+        output.contains("EDGE_TOKEN is 12 bytes long: a shared secret needs 16 bytes at least"),
+        "{output}"
+    );
+    assert!(!output.contains(short), "{output}");
+}

@@ -12,7 +12,9 @@
 //!
 //! Tokens are compared in constant time (of digests, so neither where they
 //! differ nor their length shows), and never printed: their `Debug` is
-//! redacted.
+//! redacted. A process given a token shorter than [`MIN_SECRET_BYTES`]
+//! stops at start ([`ServiceTokens::check`]; not when the flag is parsed,
+//! since the parser would print the value it refuses).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -22,6 +24,68 @@ use futures::future::{Either, Ready, ready};
 use http::HeaderValue;
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
+
+/// The fewest bytes a shared secret may have: a service token here, the
+/// edge's token, password and device-token secret (docs/security.md).
+/// Not a setting: it is the floor below which a guessed or brute-forced
+/// secret is a real risk, and no deployment needs to go under it.
+pub const MIN_SECRET_BYTES: usize = 16;
+
+/// Refuses a secret shorter than [`MIN_SECRET_BYTES`], naming the setting
+/// (`what`) and the length given, never the secret.
+pub fn check_secret_length(what: &str, secret: &str) -> Result<(), String> {
+    match secret.len() {
+        n if n < MIN_SECRET_BYTES => Err(format!(
+            "{what} is {n} bytes long: a shared secret needs {MIN_SECRET_BYTES} bytes at least \
+             (make one with `openssl rand -hex 32`)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What a server listening beyond loopback without a service token says
+/// when it is not told `--insecure`: the reason, and the three ways out.
+const EXPOSED: &str = "anyone who reaches it could call every RPC. Set CLAWGATE_SERVICE_TOKEN \
+     (docs/security.md), listen on loopback, or pass --insecure (CLAWGATE_INSECURE=true) to \
+     serve without authentication anyway";
+
+/// The start-up rule of a gRPC server (`service`, listening on `listen`):
+/// its tokens must be long enough, and a server reachable beyond loopback
+/// must have tokens, unless `insecure` says it is to be open. (Mutual TLS
+/// would be the other way to authenticate callers; it is not built yet.)
+pub fn check_exposure(
+    service: &str,
+    listen: std::net::SocketAddr,
+    tokens: Option<&ServiceTokens>,
+    insecure: bool,
+) -> Result<(), String> {
+    match tokens {
+        Some(tokens) => tokens.check(),
+        None if insecure || listen.ip().is_loopback() => Ok(()),
+        None => Err(format!(
+            "{service} listens on {listen}, beyond loopback, with no service token: {EXPOSED}"
+        )),
+    }
+}
+
+/// Whether the host of `address` (`http://host:port/…`, `host:port`, or a
+/// bare host) is this machine only: `localhost` or a loopback IP.
+pub fn is_loopback_address(address: &str) -> bool {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None if authority.matches(':').count() > 1 => authority,
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
 
 /// Whether `a` and `b` are equal, in time that depends on neither.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -61,6 +125,20 @@ impl FromStr for ServiceTokens {
 }
 
 impl ServiceTokens {
+    /// Refuses tokens shorter than [`MIN_SECRET_BYTES`], by their place in
+    /// the list (never printed).
+    pub fn check(&self) -> Result<(), String> {
+        for (n, token) in self.0.iter().enumerate() {
+            let what = format!(
+                "CLAWGATE_SERVICE_TOKEN (token {} of {})",
+                n + 1,
+                self.0.len()
+            );
+            check_secret_length(&what, token)?;
+        }
+        Ok(())
+    }
+
     /// The `authorization` value this process sends.
     fn header(&self) -> HeaderValue {
         let mut value =
@@ -187,25 +265,74 @@ mod tests {
 
     #[test]
     fn tokens_parse_accept_and_stay_unprinted() {
-        let tokens: ServiceTokens = "new-token, old-token".parse().unwrap();
-        assert!(tokens.accepts(Some(&header("Bearer new-token"))));
-        assert!(tokens.accepts(Some(&header("Bearer old-token"))));
+        let tokens: ServiceTokens = "new-token-0123456, old-token-0123456".parse().unwrap();
+        assert!(tokens.accepts(Some(&header("Bearer new-token-0123456"))));
+        assert!(tokens.accepts(Some(&header("Bearer old-token-0123456"))));
         assert!(!tokens.accepts(Some(&header("Bearer other"))));
         assert!(
-            !tokens.accepts(Some(&header("new-token"))),
+            !tokens.accepts(Some(&header("new-token-0123456"))),
             "the scheme is needed"
         );
         assert!(!tokens.accepts(None));
         assert_eq!(
             tokens.header(),
-            header("Bearer new-token"),
+            header("Bearer new-token-0123456"),
             "the first is sent"
         );
         assert!(tokens.header().is_sensitive());
         assert!(!format!("{tokens:?}").contains("token"));
         assert!("a,,b".parse::<ServiceTokens>().is_err());
         assert!("".parse::<ServiceTokens>().is_err());
-        assert!("bad\ntoken".parse::<ServiceTokens>().is_err());
+        assert!("bad\ntoken-0123456789".parse::<ServiceTokens>().is_err());
+        assert_eq!(tokens.check(), Ok(()));
+        let short: ServiceTokens = "long-enough-token-1,short".parse().unwrap();
+        assert_eq!(
+            short.check().unwrap_err(),
+            "CLAWGATE_SERVICE_TOKEN (token 2 of 2) is 5 bytes long: a shared secret needs \
+             16 bytes at least (make one with `openssl rand -hex 32`)"
+        );
+    }
+
+    #[test]
+    fn a_server_beyond_loopback_needs_tokens_unless_told_insecure() {
+        let any: std::net::SocketAddr = "0.0.0.0:50061".parse().unwrap();
+        let local: std::net::SocketAddr = "127.0.0.1:50061".parse().unwrap();
+        let tokens: ServiceTokens = "a-long-enough-token".parse().unwrap();
+        assert_eq!(check_exposure("the store", local, None, false), Ok(()));
+        assert_eq!(
+            check_exposure("the store", any, Some(&tokens), false),
+            Ok(())
+        );
+        assert_eq!(check_exposure("the store", any, None, true), Ok(()));
+        let refused = check_exposure("the store", any, None, false).unwrap_err();
+        assert!(
+            refused.starts_with("the store listens on 0.0.0.0:50061, beyond loopback, with no"),
+            "{refused}"
+        );
+        assert!(refused.contains("--insecure"), "{refused}");
+    }
+
+    #[test]
+    fn loopback_addresses_are_told_apart() {
+        for local in [
+            "http://127.0.0.1:50061",
+            "http://localhost:50062/",
+            "127.0.0.2:1",
+            "http://[::1]:50061",
+            "::1",
+            "LOCALHOST",
+        ] {
+            assert!(is_loopback_address(local), "{local}");
+        }
+        for remote in [
+            "http://session-store:50061",
+            "http://10.0.0.1:50061",
+            "http://[fd00::1]:1",
+            "http://localhost.example.com:1",
+            "",
+        ] {
+            assert!(!is_loopback_address(remote), "{remote}");
+        }
     }
 
     #[test]
