@@ -35,7 +35,7 @@ use session_store_api::SessionKey;
 use tracing::Instrument;
 
 pub use health::{broadcast_health, health_summary};
-pub use table::{SERVED_METHODS, advertised_methods, param_keys, required_scope};
+pub use table::{SERVED_METHODS, advertised_methods, param_keys, required_access};
 
 use crate::auth::scopes;
 use crate::events::Events;
@@ -104,7 +104,7 @@ pub fn dispatch(edge: &Arc<Edge>, events: &Arc<Events>, conn: &Arc<Conn>, text: 
     let method = table::method(&request.method);
     let label = method.map_or(table::OTHER, |m| m.name);
     let refused = |error| reply(edge, conn, &request.id, label, Err(fail(error)));
-    let required = required_scope(&request.method, &request.params);
+    let required = required_access(&request.method, &request.params);
     if let Err(error) = scopes::authorize(required, &conn.role, &conn.scopes) {
         // Not `reply`: this answer must not end the row it counts in.
         send_answer(edge, conn, &request.id, label, Err(fail(error)));

@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use super::{Answer, Call};
 use super::{agent, catalog, chat, health, history, runs, session_list, session_settings};
 use super::{sessions, surfaces};
-use crate::auth::scopes::{self, ADMIN, APPROVALS, QUESTIONS, READ, WRITE};
+use crate::auth::registry;
+use crate::auth::scopes::{ADMIN, APPROVALS, Access, QUESTIONS, READ, WRITE};
 use crate::protocol::frames::ErrorShape;
 use crate::protocol::params::Params;
 
@@ -238,14 +239,14 @@ pub fn advertised_methods() -> Vec<&'static str> {
         .collect()
 }
 
-/// The scope `name` needs with these params (`None`: exempt): the table's
-/// for a served method, the protocol's classification for the others.
-pub fn required_scope(name: &str, params: &Value) -> Option<&'static str> {
+/// What a call of `name` with these params needs: the table's row for a
+/// served method, OpenClaw's registry for the others.
+pub fn required_access(name: &str, params: &Value) -> Access {
     match method(name).map(|m| m.scope) {
-        Some(Scope::Exempt) => None,
-        Some(Scope::Fixed(scope)) => Some(scope),
-        Some(Scope::ByParams(decide)) => Some(decide(params)),
-        None => Some(scopes::unserved_scope(name)),
+        Some(Scope::Exempt) => Access::Exempt,
+        Some(Scope::Fixed(scope)) => Access::Operator(scope),
+        Some(Scope::ByParams(decide)) => Access::Operator(decide(params)),
+        None => registry::access(name, params),
     }
 }
 
