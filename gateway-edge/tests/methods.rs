@@ -340,3 +340,109 @@ async fn the_session_feed_forgets_sessions_nobody_watches() {
         })
         .await;
 }
+
+/// The features this gateway does not have answer their reads empty, in
+/// the exact shape of OpenClaw's result schema; their writes stay unserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absent_features_answer_empty() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
+    let answers = [
+        (
+            "cron.runs",
+            json!({"scope": "all", "limit": 20, "offset": 40, "statuses": ["error"]}),
+            json!({"entries": [], "total": 0, "offset": 0, "limit": 20, "hasMore": false, "nextOffset": null}),
+        ),
+        (
+            "cron.runs",
+            json!({"scope": "job", "id": "nightly"}),
+            json!({"entries": [], "total": 0, "offset": 0, "limit": 50, "hasMore": false, "nextOffset": null}),
+        ),
+        (
+            "cron.list",
+            json!({"limit": 200, "offset": 0}),
+            json!({"jobs": [], "total": 0, "offset": 0, "limit": 200, "hasMore": false, "nextOffset": null}),
+        ),
+        (
+            "channels.pairing.list",
+            json!({}),
+            json!({
+                "accounts": [], "requests": [], "commandOwnerConfigured": false,
+                "limits": {"pendingPerAccount": 0, "ttlMs": 0},
+            }),
+        ),
+        (
+            "device.pair.list",
+            json!({}),
+            json!({"pending": [], "paired": []}),
+        ),
+        ("worktrees.list", json!({}), json!({"worktrees": []})),
+        (
+            "plugins.list",
+            json!({}),
+            json!({"plugins": [], "diagnostics": [], "mutationAllowed": false}),
+        ),
+        (
+            "skills.search",
+            json!({"query": "git", "limit": 20}),
+            json!({"results": []}),
+        ),
+        (
+            "transcripts.list",
+            json!({"limit": 50}),
+            json!({"sessions": [], "nextCursor": null}),
+        ),
+        (
+            "approval.history",
+            json!({"limit": 50}),
+            json!({"items": []}),
+        ),
+    ];
+    for (method, params, payload) in answers {
+        let answer = client.request(method, params).await;
+        assert_eq!(answer["ok"], true, "{method}: {answer}");
+        assert_eq!(answer["payload"], payload, "{method}");
+    }
+    // The two with a timestamp: the rest is exact.
+    let before = clawgate_common::clock::now_ms();
+    for (method, params, rest) in [
+        (
+            "channels.status",
+            json!({"probe": false, "timeoutMs": 8000}),
+            json!({
+                "channelOrder": [], "channelLabels": {}, "channels": {},
+                "channelAccounts": {}, "channelDefaultAccountId": {},
+            }),
+        ),
+        ("node.list", json!({}), json!({"nodes": []})),
+    ] {
+        let mut payload = client.request(method, params).await["payload"].take();
+        let ts = payload["ts"].take().as_i64().expect("ts");
+        assert!(ts >= before, "{method}: ts {ts}");
+        payload.as_object_mut().unwrap().remove("ts");
+        assert_eq!(payload, rest, "{method}");
+    }
+    // Their params are OpenClaw's, closed.
+    let extra = client
+        .request("worktrees.list", json!({"repoRoot": "/"}))
+        .await;
+    assert_eq!(
+        extra["error"]["message"],
+        "invalid worktrees.list params: must NOT have additional properties (repoRoot)"
+    );
+    // Writes to them are not served.
+    for method in [
+        "worktrees.create",
+        "channels.logout",
+        "device.pair.approve",
+        "cron.add",
+    ] {
+        let answer = client.request(method, json!({})).await;
+        assert_eq!(
+            answer["error"],
+            json!({"code": "INVALID_REQUEST", "message": format!("unknown method: {method}")}),
+        );
+    }
+    system.stop.cancel();
+}

@@ -11,6 +11,7 @@
 //! row and its handler. Each request runs in its own task, so answers leave
 //! in the order they finish.
 
+mod absent;
 mod agent;
 mod attachments;
 mod catalog;

@@ -11,10 +11,10 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::{Answer, Call};
-use super::{agent, catalog, chat, health, history, runs, session_list, session_settings};
+use super::{absent, agent, catalog, chat, health, history, runs, session_list, session_settings};
 use super::{sessions, surfaces};
 use crate::auth::registry;
-use crate::auth::scopes::{ADMIN, APPROVALS, Access, QUESTIONS, READ, WRITE};
+use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
 use crate::protocol::frames::ErrorShape;
 use crate::protocol::params::Params;
 
@@ -127,6 +127,7 @@ macro_rules! method_table {
 const R: Scope = Scope::Fixed(READ);
 const W: Scope = Scope::Fixed(WRITE);
 const A: Scope = Scope::Fixed(ADMIN);
+const P: Scope = Scope::Fixed(PAIRING);
 use Schema::{Closed, ClosedForUi, Ignored, Union};
 
 /// `sessions.catalog.list`'s params.
@@ -204,7 +205,7 @@ method_table! {
     "mentions.list" (hidden), R, Closed(&[]) => |call| surfaces::mentions_list(call);
     "system.info" (hidden), R, Closed(&[]) => |call| surfaces::system_info(call);
     "tasks.list" (hidden), R, Closed(&["status", "agentId", "sessionKey", "limit", "cursor", "sortBy"]) => |_call| surfaces::constant(json!({ "tasks": [] }));
-    "cron.list" (hidden), R, Closed(surfaces::CRON_LIST_KEYS) => |call| surfaces::cron_list(call);
+    "cron.list" (hidden), R, Closed(surfaces::CRON_LIST_KEYS) => |call| absent::empty_page(call, "jobs");
     "cron.status" (hidden), R, Closed(&[]) => |_call| surfaces::constant(json!({
         "enabled": false, "triggersEnabled": false, "jobs": 0, "nextWakeAtMs": null,
     }));
@@ -220,6 +221,19 @@ method_table! {
     }));
     "users.prefs.get" (hidden), R, Closed(&["keys"]) => |call| surfaces::prefs_get(call);
     "users.prefs.set" (hidden), W, Closed(&["entries", "expectedEntries"]) => |call| surfaces::prefs_set(call);
+    // Features this gateway does not have (`absent.rs`): empty, not advertised.
+    "cron.runs" (hidden), R, Closed(absent::CRON_RUNS_KEYS) => |call| absent::empty_page(call, "entries");
+    "channels.status" (hidden), R, Closed(absent::CHANNELS_STATUS_KEYS) => |_call| absent::channels_status();
+    "channels.pairing.list" (hidden), P, Closed(absent::CHANNELS_PAIRING_LIST_KEYS) => |_call| absent::channels_pairing_list();
+    "device.pair.list" (hidden), P, Closed(&[]) => |_call| surfaces::constant(json!({ "pending": [], "paired": [] }));
+    "node.list" (hidden), R, Closed(&[]) => |_call| absent::node_list();
+    "worktrees.list" (hidden), R, Closed(&[]) => |_call| surfaces::constant(json!({ "worktrees": [] }));
+    "plugins.list" (hidden), R, Closed(&[]) => |_call| surfaces::constant(json!({
+        "plugins": [], "diagnostics": [], "mutationAllowed": false,
+    }));
+    "skills.search" (hidden), R, Closed(absent::SKILLS_SEARCH_KEYS) => |_call| surfaces::constant(json!({ "results": [] }));
+    "transcripts.list" (hidden), R, Closed(absent::TRANSCRIPTS_LIST_KEYS) => |_call| surfaces::constant(json!({ "sessions": [], "nextCursor": null }));
+    "approval.history" (hidden), Scope::Fixed(APPROVALS), Closed(absent::APPROVAL_HISTORY_KEYS) => |_call| surfaces::constant(json!({ "items": [] }));
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 
@@ -271,6 +285,17 @@ mod tests {
         }
         assert!(method(OTHER).is_none());
         assert!(method("no.such.method").is_none());
+    }
+
+    #[test]
+    fn served_scopes_are_openclaws() {
+        for row in METHODS {
+            if let (Scope::Fixed(ours), Some(registry::Policy::Fixed(theirs))) =
+                (row.scope, registry::policy(row.name))
+            {
+                assert_eq!(ours, theirs, "{}", row.name);
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,87 @@
+//! The reads of features this gateway does not have, answered truthfully:
+//! nothing. It has no messaging channels and so no channel pairing, no
+//! paired devices or nodes, no worktrees, no plugins, no skills catalogue,
+//! no meeting transcripts, no approval history (it asks for no approvals)
+//! and no cron jobs, so no cron runs. Each answer has the shape OpenClaw's
+//! protocol gives the method (its result schema in openclaw 2026.9.6), so
+//! that the Control UI's pages show their empty state instead of an error.
+//! The writes of these features stay unserved (`unknown method`).
+
+use clawgate_common::clock::now_ms;
+use serde_json::{Value, json};
+
+use super::{Answer, Call};
+
+/// `channels.status`'s params.
+pub(super) const CHANNELS_STATUS_KEYS: &[&str] = &["probe", "timeoutMs", "channel"];
+/// `channels.pairing.list`'s params.
+pub(super) const CHANNELS_PAIRING_LIST_KEYS: &[&str] = &["channel", "accountId"];
+/// `approval.history`'s params.
+pub(super) const APPROVAL_HISTORY_KEYS: &[&str] = &["cursor", "limit", "kind"];
+/// `transcripts.list`'s params.
+pub(super) const TRANSCRIPTS_LIST_KEYS: &[&str] = &[
+    "limit",
+    "cursor",
+    "query",
+    "providerId",
+    "accountId",
+    "agentId",
+    "startedAfter",
+    "startedBefore",
+];
+/// `skills.search`'s params.
+pub(super) const SKILLS_SEARCH_KEYS: &[&str] = &["query", "limit"];
+/// `cron.runs`'s params.
+pub(super) const CRON_RUNS_KEYS: &[&str] = &[
+    "agentId",
+    "scope",
+    "id",
+    "jobId",
+    "runId",
+    "limit",
+    "offset",
+    "statuses",
+    "status",
+    "deliveryStatuses",
+    "deliveryStatus",
+    "query",
+    "sortDir",
+];
+
+/// No channel is configured: every map is empty.
+pub(super) async fn channels_status() -> Answer {
+    Ok(json!({
+        "ts": now_ms(), "channelOrder": [], "channelLabels": {}, "channels": {},
+        "channelAccounts": {}, "channelDefaultAccountId": {},
+    }))
+}
+
+/// No pairing: no accounts, no requests, and no room for any.
+pub(super) async fn channels_pairing_list() -> Answer {
+    Ok(json!({
+        "accounts": [], "requests": [], "commandOwnerConfigured": false,
+        "limits": { "pendingPerAccount": 0, "ttlMs": 0 },
+    }))
+}
+
+/// No node is connected (nodes would connect with role `node`, which this
+/// edge refuses).
+pub(super) async fn node_list() -> Answer {
+    Ok(json!({ "ts": now_ms(), "nodes": [] }))
+}
+
+/// A page of nothing, in the paging shape of `cron.list` and `cron.runs`:
+/// the items under `items_key`, the limit asked (50 by default, as
+/// OpenClaw's) and the offset bounded by the total, as OpenClaw bounds it.
+pub(super) async fn empty_page(call: &Call<'_>, items_key: &str) -> Answer {
+    let limit = call
+        .params
+        .raw("limit")
+        .and_then(Value::as_u64)
+        .unwrap_or(50);
+    let mut page = json!({
+        "total": 0, "offset": 0, "limit": limit, "hasMore": false, "nextOffset": null,
+    });
+    page[items_key] = json!([]);
+    Ok(page)
+}
