@@ -290,7 +290,7 @@ async fn unknown_and_unserved_methods() {
 const UNSERVED: &[(&str, &str)] = &[
     ("sessions.usage", READ),
     ("diagnostics.lanes", READ),
-    ("skills.library.list", READ),
+    ("agents.files.list", READ),
     ("doctor.memory.dreamDiary", READ),
     ("voicewake.routing.get", READ),
     ("channels.logout", ADMIN),

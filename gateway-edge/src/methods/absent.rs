@@ -1,8 +1,8 @@
 //! The reads of features this gateway does not have, answered truthfully:
 //! nothing. It has no messaging channels and so no channel pairing, no
 //! paired devices or nodes, no worktrees, no plugins, no skills catalogue,
-//! no meeting transcripts, no approval history (it asks for no approvals)
-//! and no cron jobs, so no cron runs. Each answer has the shape OpenClaw's
+//! no meeting transcripts, no approval history (it asks for no approvals),
+//! no cron jobs, so no cron runs, no skills and no memory search. Each answer has the shape OpenClaw's
 //! protocol gives the method (its result schema in openclaw 2026.9.6), so
 //! that the Control UI's pages show their empty state instead of an error.
 //! The writes of these features stay unserved (`unknown method`).
@@ -48,6 +48,16 @@ pub(super) const CRON_RUNS_KEYS: &[&str] = &[
     "sortDir",
 ];
 
+/// `skills.status`'s params.
+pub(super) const SKILLS_STATUS_KEYS: &[&str] = &["agentId", "sessionKey"];
+/// `skills.library.list`'s params.
+pub(super) const SKILLS_LIBRARY_LIST_KEYS: &[&str] = &["sessionKey", "scope"];
+/// `doctor.memory.status`'s params.
+pub(super) const DOCTOR_MEMORY_STATUS_KEYS: &[&str] = &["agentId", "probe"];
+
+/// The one agent this gateway runs.
+const AGENT_ID: &str = "main";
+
 /// No channel is configured: every map is empty.
 pub(super) async fn channels_status() -> Answer {
     Ok(json!({
@@ -84,4 +94,32 @@ pub(super) async fn empty_page(call: &Call<'_>, items_key: &str) -> Answer {
     });
     page[items_key] = json!([]);
     Ok(page)
+}
+
+/// The agent's skills: none.
+pub(super) async fn skills_status() -> Answer {
+    Ok(json!({ "agentId": AGENT_ID, "skills": [] }))
+}
+
+/// The skill library: empty, and no one can publish to it (no profiles,
+/// nothing to manage); a session's selections are empty too.
+pub(super) async fn skills_library_list(call: &Call<'_>) -> Answer {
+    let mut library = json!({
+        "entries": [], "profileId": null, "multipleProfiles": false,
+        "defaultTarget": "unavailable", "canManageWorkspace": false, "defaultSelectionLimit": 64,
+    });
+    if let Some(raw) = call.params.raw("sessionKey").and_then(Value::as_str) {
+        let key = super::key_for(&call.request.method, raw)?;
+        library["session"] =
+            json!({ "sessionKey": key.as_str(), "selections": [], "attachable": [] });
+    }
+    Ok(library)
+}
+
+/// No memory search runs here, which OpenClaw reports as this answer.
+pub(super) async fn doctor_memory_status() -> Answer {
+    Ok(json!({
+        "agentId": AGENT_ID, "searchRuntimeRegistered": false,
+        "embedding": { "ok": false, "error": "memory search unavailable" },
+    }))
 }

@@ -234,6 +234,9 @@ method_table! {
     "skills.search" (hidden), R, Closed(absent::SKILLS_SEARCH_KEYS) => |_call| surfaces::constant(json!({ "results": [] }));
     "transcripts.list" (hidden), R, Closed(absent::TRANSCRIPTS_LIST_KEYS) => |_call| surfaces::constant(json!({ "sessions": [], "nextCursor": null }));
     "approval.history" (hidden), Scope::Fixed(APPROVALS), Closed(absent::APPROVAL_HISTORY_KEYS) => |_call| surfaces::constant(json!({ "items": [] }));
+    "skills.status" (hidden), R, Closed(absent::SKILLS_STATUS_KEYS) => |_call| absent::skills_status();
+    "skills.library.list" (hidden), R, Closed(absent::SKILLS_LIBRARY_LIST_KEYS) => |call| absent::skills_library_list(call);
+    "doctor.memory.status" (hidden), R, Closed(absent::DOCTOR_MEMORY_STATUS_KEYS) => |_call| absent::doctor_memory_status();
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 
