@@ -423,6 +423,49 @@ async fn absent_features_answer_empty() {
         payload.as_object_mut().unwrap().remove("ts");
         assert_eq!(payload, rest, "{method}");
     }
+    // GitHub: none configured, none detected.
+    let effective = json!({
+        "source": "system-detected", "credentialKind": "native", "credentialState": "unavailable",
+        "account": null, "gitAuthor": {"name": null, "email": null}, "evidence": "none",
+        "accessExpiresAtMs": null, "refreshState": "not_applicable", "oauthScopes": [],
+        "repositoryGrants": "unknown",
+    });
+    for (scope, identity) in [("system", effective.clone()), ("agent", json!(null))] {
+        let params = json!({"agentId": "main", "selectedScope": scope});
+        let answer = client.request("tools.github.status", params).await;
+        assert_eq!(
+            answer["payload"],
+            json!({
+                "agentId": "main", "selectedScope": scope,
+                "selected": {"scope": scope, "configured": false, "identity": identity},
+                "effective": effective,
+            })
+        );
+    }
+    let no_scope = client
+        .request("tools.github.status", json!({"agentId": "main"}))
+        .await;
+    assert_eq!(
+        no_scope["error"]["message"],
+        "invalid tools.github.status params: must have required property 'selectedScope'"
+    );
+    // Web search: disabled, for the model asked about.
+    let params = json!({"agentId": "main", "modelProvider": "acme", "modelId": "m1"});
+    let answer = client.request("webSearch.status", params).await;
+    let runtime = answer["payload"]["model"]["runtime"].clone();
+    assert!(runtime.as_str().is_some_and(|r| !r.is_empty()), "{answer}");
+    assert_eq!(
+        answer["payload"],
+        json!({
+            "enabled": false, "provider": null, "agentId": "main",
+            "model": {"provider": "acme", "id": "m1", "runtime": runtime},
+            "route": {
+                "kind": "unavailable", "label": "Web search",
+                "reason": "This gateway runs no web search tool.", "testable": false,
+            },
+            "providers": [],
+        })
+    );
     // Their params are OpenClaw's, closed.
     let extra = client
         .request("worktrees.list", json!({"repoRoot": "/"}))

@@ -182,6 +182,7 @@ fn example(method: &str, session_id: &str) -> Value {
         "sessions.reset" => json!({ "key": "agent:main:other", "reason": "new" }),
         "sessions.delete" => json!({ "key": "agent:main:other", "deleteTranscript": true }),
         "runs.resume" => json!({ "runId": "edge-done", "fromSeq": 0 }),
+        "tools.github.status" => json!({ "agentId": "main", "selectedScope": "system" }),
         _ => json!({}),
     }
 }

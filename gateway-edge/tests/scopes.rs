@@ -68,6 +68,7 @@ fn valid_params(method: &str, tag: &str) -> Value {
             json!({"key": "scopes-history"})
         }
         "users.prefs.set" => json!({"entries": {"ui.theme": tag}}),
+        "tools.github.status" => json!({"agentId": "main", "selectedScope": "agent"}),
         "sessions.patch" => json!({"key": format!("scopes-patch-{tag}"), "pinned": true}),
         // Every other method's params are all optional.
         _ => json!({}),

@@ -10,7 +10,7 @@
 use clawgate_common::clock::now_ms;
 use serde_json::{Value, json};
 
-use super::{Answer, Call};
+use super::{Answer, Call, fail};
 
 /// `channels.status`'s params.
 pub(super) const CHANNELS_STATUS_KEYS: &[&str] = &["probe", "timeoutMs", "channel"];
@@ -121,5 +121,75 @@ pub(super) async fn doctor_memory_status() -> Answer {
     Ok(json!({
         "agentId": AGENT_ID, "searchRuntimeRegistered": false,
         "embedding": { "ok": false, "error": "memory search unavailable" },
+    }))
+}
+
+/// `tools.github.status`'s params.
+pub(super) const TOOLS_GITHUB_STATUS_KEYS: &[&str] = &["agentId", "selectedScope"];
+/// `webSearch.status`'s params.
+pub(super) const WEB_SEARCH_STATUS_KEYS: &[&str] = &["agentId", "modelProvider", "modelId"];
+
+/// No GitHub identity is configured and none is detected: the agents of
+/// this gateway run no GitHub tools. The system scope's identity is the
+/// effective one; no agent has an override.
+pub(super) async fn tools_github_status(call: &Call<'_>) -> Answer {
+    let params = &call.params;
+    let agent_id = params.required_non_empty("agentId").map_err(fail)?;
+    params.required_string("selectedScope").map_err(fail)?;
+    let scope = params
+        .one_of("selectedScope", &["system", "agent"])
+        .map_err(fail)?
+        .unwrap_or("system");
+    let effective = json!({
+        "source": "system-detected", "credentialKind": "native", "credentialState": "unavailable",
+        "account": null, "gitAuthor": { "name": null, "email": null }, "evidence": "none",
+        "accessExpiresAtMs": null, "refreshState": "not_applicable", "oauthScopes": [],
+        "repositoryGrants": "unknown",
+    });
+    let selected = if scope == "system" {
+        effective.clone()
+    } else {
+        Value::Null
+    };
+    Ok(json!({
+        "agentId": agent_id, "selectedScope": scope,
+        "selected": { "scope": scope, "configured": false, "identity": selected },
+        "effective": effective,
+    }))
+}
+
+/// No web search tool runs here: disabled, no providers, for the model
+/// asked about (the runtime's default when none is named).
+pub(super) async fn web_search_status(call: &Call<'_>) -> Answer {
+    let params = &call.params;
+    let agent_id = params
+        .optional_non_empty("agentId")
+        .map_err(fail)?
+        .unwrap_or(AGENT_ID);
+    let runtime = call
+        .edge
+        .backends
+        .coordinator
+        .describe_runtime()
+        .await
+        .map_err(super::backend_error)?;
+    let named = (
+        params.optional_non_empty("modelProvider").map_err(fail)?,
+        params.optional_non_empty("modelId").map_err(fail)?,
+    );
+    let (provider, id) = match (named, super::catalog::default_model(&runtime.catalog)) {
+        ((Some(provider), Some(id)), _) => (provider.to_owned(), id.to_owned()),
+        (_, Some(model)) => (model.provider.clone(), model.id.clone()),
+        // A runtime that lists no models runs its own.
+        (_, None) => (runtime.name.clone(), runtime.name.clone()),
+    };
+    Ok(json!({
+        "enabled": false, "provider": null, "agentId": agent_id,
+        "model": { "provider": provider, "id": id, "runtime": runtime.name },
+        "route": {
+            "kind": "unavailable", "label": "Web search",
+            "reason": "This gateway runs no web search tool.", "testable": false,
+        },
+        "providers": [],
     }))
 }

@@ -237,6 +237,8 @@ method_table! {
     "skills.status" (hidden), R, Closed(absent::SKILLS_STATUS_KEYS) => |_call| absent::skills_status();
     "skills.library.list" (hidden), R, Closed(absent::SKILLS_LIBRARY_LIST_KEYS) => |call| absent::skills_library_list(call);
     "doctor.memory.status" (hidden), R, Closed(absent::DOCTOR_MEMORY_STATUS_KEYS) => |_call| absent::doctor_memory_status();
+    "tools.github.status" (hidden), R, Closed(absent::TOOLS_GITHUB_STATUS_KEYS) => |call| absent::tools_github_status(call);
+    "webSearch.status" (hidden), R, Closed(absent::WEB_SEARCH_STATUS_KEYS) => |call| absent::web_search_status(call);
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 
