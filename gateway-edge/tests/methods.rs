@@ -398,10 +398,12 @@ async fn absent_features_answer_empty() {
             json!({"limit": 50}),
             json!({"items": []}),
         ),
+        ("last-heartbeat", json!({}), json!(null)),
     ];
     for (method, params, payload) in answers {
         let answer = client.request(method, params).await;
         assert_eq!(answer["ok"], true, "{method}: {answer}");
+        assert!(answer.get("payload").is_some(), "{method}: {answer}");
         assert_eq!(answer["payload"], payload, "{method}");
     }
     // The two with a timestamp: the rest is exact.

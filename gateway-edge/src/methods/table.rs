@@ -239,6 +239,8 @@ method_table! {
     "doctor.memory.status" (hidden), R, Closed(absent::DOCTOR_MEMORY_STATUS_KEYS) => |_call| absent::doctor_memory_status();
     "tools.github.status" (hidden), R, Closed(absent::TOOLS_GITHUB_STATUS_KEYS) => |call| absent::tools_github_status(call);
     "webSearch.status" (hidden), R, Closed(absent::WEB_SEARCH_STATUS_KEYS) => |call| absent::web_search_status(call);
+    // No heartbeat runs here (no periodic agent wake-ups): none was last.
+    "last-heartbeat" (hidden), R, Ignored => |_call| surfaces::constant(Value::Null);
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 

@@ -211,7 +211,8 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "skills.library.list"
         | "doctor.memory.status"
         | "tools.github.status"
-        | "webSearch.status" => Some(READ),
+        | "webSearch.status"
+        | "last-heartbeat" => Some(READ),
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
         "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
