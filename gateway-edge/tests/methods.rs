@@ -491,3 +491,55 @@ async fn absent_features_answer_empty() {
     }
     system.stop.cancel();
 }
+
+/// `logs.tail` reads the ring this process's log output feeds: the lines
+/// after the cursor asked, within the read's limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_tail_reads_the_recent_lines_after_a_cursor() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.read"]).await;
+    let ring = clawgate_telemetry::recent_logs();
+    ring.push("logs-tail test: first");
+    let first = client.request("logs.tail", json!({})).await["payload"].take();
+    let file = first["file"].as_str().expect("file").to_owned();
+    assert!(file.starts_with("gateway-edge/"), "{first}");
+    let lines = first["lines"].as_array().expect("lines");
+    assert!(lines.contains(&json!("logs-tail test: first")), "{first}");
+    let cursor = first["cursor"].as_u64().expect("cursor");
+    assert_eq!(first["size"], cursor);
+    // Other tests of this process log too: only ours are checked for.
+    ring.push("logs-tail test: second");
+    ring.push("logs-tail test: third");
+    let next = client
+        .request(
+            "logs.tail",
+            json!({"cursor": cursor, "limit": 5000, "maxBytes": 1_000_000}),
+        )
+        .await["payload"]
+        .take();
+    assert_eq!(next["file"], file.as_str());
+    let lines: Vec<&str> = next["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .filter(|l| l.starts_with("logs-tail test"))
+        .collect();
+    assert_eq!(lines, ["logs-tail test: second", "logs-tail test: third"]);
+    // Each line counts with its newline.
+    assert!(next["cursor"].as_u64().unwrap() >= cursor + 23 + 22);
+    // A cursor past the end: read from the start, marked reset.
+    let past = client
+        .request("logs.tail", json!({"cursor": u64::MAX / 2, "limit": 1}))
+        .await["payload"]
+        .take();
+    assert_eq!(past["reset"], true, "{past}");
+    assert_eq!(past["lines"].as_array().unwrap().len(), 1);
+    let bad = client.request("logs.tail", json!({"limit": 0})).await;
+    assert_eq!(
+        bad["error"]["message"],
+        "invalid logs.tail params: /limit must be an integer in 1..5000"
+    );
+    system.stop.cancel();
+}

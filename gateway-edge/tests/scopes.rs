@@ -262,7 +262,6 @@ async fn unknown_and_unserved_methods() {
     let methods = [
         "no.such.method",
         "system-presence",
-        "logs.tail",
         "config.set",
         "sessions.send",
         "wizard.start",

@@ -19,6 +19,7 @@ mod chat;
 mod commands;
 mod health;
 mod history;
+mod logs;
 mod runs;
 mod session_list;
 mod session_settings;

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{Answer, Call};
 use super::{absent, agent, catalog, chat, health, history, runs, session_list, session_settings};
-use super::{sessions, surfaces};
+use super::{logs, sessions, surfaces};
 use crate::auth::registry;
 use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
 use crate::protocol::frames::ErrorShape;
@@ -241,6 +241,7 @@ method_table! {
     "webSearch.status" (hidden), R, Closed(absent::WEB_SEARCH_STATUS_KEYS) => |call| absent::web_search_status(call);
     // No heartbeat runs here (no periodic agent wake-ups): none was last.
     "last-heartbeat" (hidden), R, Ignored => |_call| surfaces::constant(Value::Null);
+    "logs.tail" (hidden), R, Closed(logs::LOGS_TAIL_KEYS) => |call| logs::logs_tail(call);
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 
