@@ -399,6 +399,11 @@ async fn absent_features_answer_empty() {
             json!({"items": []}),
         ),
         ("last-heartbeat", json!({}), json!(null)),
+        (
+            "exec.approval.grants.list",
+            json!({"limit": 100}),
+            json!({"grants": []}),
+        ),
     ];
     for (method, params, payload) in answers {
         let answer = client.request(method, params).await;
@@ -468,6 +473,13 @@ async fn absent_features_answer_empty() {
             "providers": [],
         })
     );
+    // The presence list: the gateway, then this connection.
+    let presence = client.request("system-presence", json!({})).await;
+    let entries = presence["payload"].as_array().expect("a list");
+    assert_eq!(entries.len(), 2, "{presence}");
+    assert_eq!(entries[0]["mode"], "gateway");
+    assert_eq!(entries[0]["reason"], "self");
+    assert_eq!(entries[1]["mode"], "cli", "{presence}");
     // Their params are OpenClaw's, closed.
     let extra = client
         .request("worktrees.list", json!({"repoRoot": "/"}))

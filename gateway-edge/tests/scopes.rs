@@ -261,7 +261,6 @@ async fn unknown_and_unserved_methods() {
     // Classified by the spec but not served here, and not classified at all.
     let methods = [
         "no.such.method",
-        "system-presence",
         "config.set",
         "sessions.send",
         "wizard.start",

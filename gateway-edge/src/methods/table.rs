@@ -15,6 +15,7 @@ use super::{absent, agent, catalog, chat, health, history, runs, session_list, s
 use super::{logs, sessions, surfaces};
 use crate::auth::registry;
 use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
+use crate::events::presence;
 use crate::protocol::frames::ErrorShape;
 use crate::protocol::params::Params;
 
@@ -242,6 +243,10 @@ method_table! {
     // No heartbeat runs here (no periodic agent wake-ups): none was last.
     "last-heartbeat" (hidden), R, Ignored => |_call| surfaces::constant(Value::Null);
     "logs.tail" (hidden), R, Closed(logs::LOGS_TAIL_KEYS) => |call| logs::logs_tail(call);
+    // The presence list of `hello-ok.snapshot.presence`, as it is now.
+    "system-presence" (hidden), R, Ignored => |call| surfaces::constant(json!(presence::list_for(call.edge, call.conn)));
+    // No cron job has standing exec grants: there are no cron jobs.
+    "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 

@@ -222,7 +222,8 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         "plugin.approval.list"
         | "exec.approval.list"
         | "openclaw.approval.list"
-        | "approval.history" => Some(APPROVALS),
+        | "approval.history"
+        | "exec.approval.grants.list" => Some(APPROVALS),
         _ => Some(ADMIN),
     }
 }
