@@ -555,3 +555,60 @@ async fn logs_tail_reads_the_recent_lines_after_a_cursor() {
     );
     system.stop.cancel();
 }
+
+/// `sessions.preview`: the last user and assistant texts of each session
+/// asked, from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_preview_shows_the_last_texts() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.write"]).await;
+    for (n, message) in ["first question", "second question"].iter().enumerate() {
+        let key = format!("p-{n}");
+        client
+            .request(
+                "chat.send",
+                json!({"sessionKey": "preview", "message": message, "idempotencyKey": key}),
+            )
+            .await;
+        client.request("agent.wait", json!({"runId": key})).await;
+    }
+    let answer = client
+        .request(
+            "sessions.preview",
+            json!({"keys": ["preview", "agent:main:nobody"], "limit": 3, "maxChars": 20}),
+        )
+        .await;
+    let payload = &answer["payload"];
+    assert!(payload["ts"].as_i64().is_some(), "{answer}");
+    // The echo runtime answers with the message: the last three texts.
+    assert_eq!(
+        payload["previews"],
+        json!([
+            {"key": "preview", "status": "ok", "items": [
+                {"role": "assistant", "text": "first question"},
+                {"role": "user", "text": "second question"},
+                {"role": "assistant", "text": "second question"},
+            ]},
+            {"key": "agent:main:nobody", "status": "missing", "items": []},
+        ])
+    );
+    let cut = client
+        .request(
+            "sessions.preview",
+            json!({"keys": ["preview"], "limit": 1, "maxChars": 10}),
+        )
+        .await;
+    assert_eq!(
+        cut["error"]["message"],
+        "invalid sessions.preview params: /maxChars must be an integer in 20..18446744073709551615"
+    );
+    let none = client
+        .request("sessions.preview", json!({"keys": []}))
+        .await;
+    assert_eq!(
+        none["error"]["message"],
+        "invalid sessions.preview params: /keys must NOT have fewer than 1 items"
+    );
+    system.stop.cancel();
+}

@@ -20,6 +20,7 @@ mod commands;
 mod health;
 mod history;
 mod logs;
+mod preview;
 mod runs;
 mod session_list;
 mod session_settings;

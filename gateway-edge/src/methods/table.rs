@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{Answer, Call};
 use super::{absent, agent, catalog, chat, health, history, runs, session_list, session_settings};
-use super::{logs, sessions, surfaces};
+use super::{logs, preview, sessions, surfaces};
 use crate::auth::registry;
 use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
 use crate::events::presence;
@@ -247,6 +247,7 @@ method_table! {
     "system-presence" (hidden), R, Ignored => |call| surfaces::constant(json!(presence::list_for(call.edge, call.conn)));
     // No cron job has standing exec grants: there are no cron jobs.
     "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
+    "sessions.preview" (hidden), R, Closed(preview::SESSIONS_PREVIEW_KEYS) => |call| preview::sessions_preview(call);
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 

@@ -212,7 +212,8 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "doctor.memory.status"
         | "tools.github.status"
         | "webSearch.status"
-        | "last-heartbeat" => Some(READ),
+        | "last-heartbeat"
+        | "sessions.preview" => Some(READ),
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
         "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
