@@ -593,6 +593,30 @@ async fn sessions_preview_shows_the_last_texts() {
             {"key": "agent:main:nobody", "status": "missing", "items": []},
         ])
     );
+    // sessions.get: the recent messages themselves, as chat.history has them.
+    let got = client
+        .request("sessions.get", json!({"sessionKey": "preview", "limit": 2}))
+        .await;
+    let history = client
+        .request("chat.history", json!({"sessionKey": "preview", "limit": 2}))
+        .await;
+    assert_eq!(
+        got["payload"]["messages"], history["payload"]["messages"],
+        "{got}"
+    );
+    assert_eq!(
+        got["payload"]["messages"][1]["content"][0]["text"],
+        "second question"
+    );
+    let nobody = client
+        .request("sessions.get", json!({"key": "nobody"}))
+        .await;
+    assert_eq!(nobody["payload"], json!({"messages": []}));
+    let keyless = client.request("sessions.get", json!({})).await;
+    assert_eq!(
+        keyless["error"],
+        json!({"code": "INVALID_REQUEST", "message": "key required"})
+    );
     let cut = client
         .request(
             "sessions.preview",

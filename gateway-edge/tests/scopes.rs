@@ -70,6 +70,7 @@ fn valid_params(method: &str, tag: &str) -> Value {
         "users.prefs.set" => json!({"entries": {"ui.theme": tag}}),
         "tools.github.status" => json!({"agentId": "main", "selectedScope": "agent"}),
         "sessions.preview" => json!({"keys": ["scopes-history"]}),
+        "sessions.get" => json!({"key": "scopes-history"}),
         "sessions.patch" => json!({"key": format!("scopes-patch-{tag}"), "pinned": true}),
         // Every other method's params are all optional.
         _ => json!({}),

@@ -1,15 +1,20 @@
-//! `sessions.preview`: the last user and assistant texts of sessions, for
-//! list previews, read from the store's transcripts.
+//! Reads of sessions' recent transcripts from the store: `sessions.preview`
+//! (the last user and assistant texts of sessions, for list previews) and
+//! `sessions.get` (a session's recent messages).
 
 use clawgate_common::clock::now_ms;
 use serde_json::{Value, json};
 use session_store_api::model::{HistoryCursor, HistoryQuery};
 use session_store_api::{SessionKey, SessionStore, StoreError};
 
-use super::{Answer, Call, fail, key_for};
+use super::{Answer, Call, fail, key_for, store_error};
 use crate::protocol::transcript::transcript_message;
 
 pub(super) const SESSIONS_PREVIEW_KEYS: &[&str] = &["keys", "limit", "maxChars"];
+pub(super) const SESSIONS_GET_KEYS: &[&str] = &["key", "sessionKey", "limit", "agentId"];
+
+/// `sessions.get`'s messages by default, as OpenClaw's.
+const DEFAULT_MESSAGES: u64 = 200;
 
 /// OpenClaw's bounds: at most this many keys are read, items and
 /// characters per item by default, and the longest item whatever is asked.
@@ -59,6 +64,44 @@ pub(super) async fn sessions_preview(call: &Call<'_>) -> Answer {
         previews.push(json!({ "key": raw, "status": status, "items": shown }));
     }
     Ok(json!({ "ts": now_ms(), "previews": previews }))
+}
+
+pub(super) async fn sessions_get(call: &Call<'_>) -> Answer {
+    let params = &call.params;
+    let raw = [params.raw("key"), params.raw("sessionKey")]
+        .into_iter()
+        .flatten()
+        .find_map(Value::as_str)
+        .map(str::trim)
+        .filter(|key| !key.is_empty());
+    let Some(raw) = raw else {
+        return Err(fail(crate::protocol::frames::ErrorShape::invalid(
+            "key required",
+        )));
+    };
+    super::sessions::check_agent(params)?;
+    let key = key_for(&call.request.method, raw)?;
+    let limit = params
+        .integer("limit", 1, u64::from(u32::MAX))
+        .map_err(fail)?;
+    let store = &call.edge.backends.store;
+    let page = store
+        .history(HistoryQuery {
+            key,
+            limit: limit.unwrap_or(DEFAULT_MESSAGES) as u32,
+            cursor: HistoryCursor::Latest,
+            max_chars: None,
+            session_id: None,
+        })
+        .await
+        .map_err(store_error)?;
+    let id = page.session_id.map(|id| id.to_string()).unwrap_or_default();
+    let messages: Vec<Value> = page
+        .entries
+        .iter()
+        .map(|entry| transcript_message(&id, entry))
+        .collect();
+    Ok(json!({ "messages": messages }))
 }
 
 /// The session's last `items` texts, oldest first (`None`: no session).

@@ -213,7 +213,8 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "tools.github.status"
         | "webSearch.status"
         | "last-heartbeat"
-        | "sessions.preview" => Some(READ),
+        | "sessions.preview"
+        | "sessions.get" => Some(READ),
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
         "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
