@@ -400,6 +400,15 @@ async fn absent_features_answer_empty() {
         ),
         ("last-heartbeat", json!({}), json!(null)),
         (
+            "config.schema.lookup",
+            json!({"path": "plugins.entries.memory-core.config"}),
+            json!({
+                "path": "plugins.entries.memory-core.config",
+                "schema": {"type": "object", "additionalProperties": false},
+                "children": [],
+            }),
+        ),
+        (
             "exec.approval.grants.list",
             json!({"limit": 100}),
             json!({"grants": []}),

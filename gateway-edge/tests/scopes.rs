@@ -71,6 +71,7 @@ fn valid_params(method: &str, tag: &str) -> Value {
         "tools.github.status" => json!({"agentId": "main", "selectedScope": "agent"}),
         "sessions.preview" => json!({"keys": ["scopes-history"]}),
         "sessions.get" => json!({"key": "scopes-history"}),
+        "config.schema.lookup" => json!({"path": "plugins.entries.memory.config"}),
         "sessions.patch" => json!({"key": format!("scopes-patch-{tag}"), "pinned": true}),
         // Every other method's params are all optional.
         _ => json!({}),

@@ -193,3 +193,15 @@ pub(super) async fn web_search_status(call: &Call<'_>) -> Answer {
         "providers": [],
     }))
 }
+
+/// The schema of any config path: nothing there can be set. This gateway
+/// has no OpenClaw config (`config.get` answers an empty one); it is
+/// configured by flags and environment.
+pub(super) async fn config_schema_lookup(call: &Call<'_>) -> Answer {
+    let path = call.params.required_non_empty("path").map_err(fail)?;
+    Ok(json!({
+        "path": path,
+        "schema": { "type": "object", "additionalProperties": false },
+        "children": [],
+    }))
+}

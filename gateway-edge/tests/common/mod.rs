@@ -214,7 +214,8 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "webSearch.status"
         | "last-heartbeat"
         | "sessions.preview"
-        | "sessions.get" => Some(READ),
+        | "sessions.get"
+        | "config.schema.lookup" => Some(READ),
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
         "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
