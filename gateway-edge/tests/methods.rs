@@ -400,6 +400,11 @@ async fn absent_features_answer_empty() {
         ),
         ("last-heartbeat", json!({}), json!(null)),
         (
+            "plugins.catalog.browse",
+            json!({"searchSource": "openclaw-control-ui", "pageSize": 24}),
+            json!({"items": []}),
+        ),
+        (
             "config.schema.lookup",
             json!({"path": "plugins.entries.memory-core.config"}),
             json!({

@@ -1,6 +1,6 @@
 //! The reads of features this gateway does not have, answered truthfully:
 //! nothing. It has no messaging channels and so no channel pairing, no
-//! paired devices or nodes, no worktrees, no plugins, no skills catalogue,
+//! paired devices or nodes, no worktrees, no plugins and no plugin catalogue, no skills catalogue,
 //! no meeting transcripts, no approval history (it asks for no approvals),
 //! no cron jobs, so no cron runs, no skills and no memory search. Each answer has the shape OpenClaw's
 //! protocol gives the method (its result schema in openclaw 2026.9.6), so
@@ -28,6 +28,15 @@ pub(super) const TRANSCRIPTS_LIST_KEYS: &[&str] = &[
     "agentId",
     "startedAfter",
     "startedBefore",
+];
+/// `plugins.catalog.browse`'s params.
+pub(super) const PLUGINS_CATALOG_BROWSE_KEYS: &[&str] = &[
+    "query",
+    "searchSource",
+    "intent",
+    "category",
+    "cursor",
+    "pageSize",
 ];
 /// `skills.search`'s params.
 pub(super) const SKILLS_SEARCH_KEYS: &[&str] = &["query", "limit"];

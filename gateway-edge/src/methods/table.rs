@@ -232,6 +232,7 @@ method_table! {
     "plugins.list" (hidden), R, Closed(&[]) => |_call| surfaces::constant(json!({
         "plugins": [], "diagnostics": [], "mutationAllowed": false,
     }));
+    "plugins.catalog.browse" (hidden), R, Closed(absent::PLUGINS_CATALOG_BROWSE_KEYS) => |_call| surfaces::constant(json!({ "items": [] }));
     "skills.search" (hidden), R, Closed(absent::SKILLS_SEARCH_KEYS) => |_call| surfaces::constant(json!({ "results": [] }));
     "transcripts.list" (hidden), R, Closed(absent::TRANSCRIPTS_LIST_KEYS) => |_call| surfaces::constant(json!({ "sessions": [], "nextCursor": null }));
     "approval.history" (hidden), Scope::Fixed(APPROVALS), Closed(absent::APPROVAL_HISTORY_KEYS) => |_call| surfaces::constant(json!({ "items": [] }));

@@ -215,7 +215,8 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "last-heartbeat"
         | "sessions.preview"
         | "sessions.get"
-        | "config.schema.lookup" => Some(READ),
+        | "config.schema.lookup"
+        | "plugins.catalog.browse" => Some(READ),
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
         "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
