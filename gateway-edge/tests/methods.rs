@@ -340,3 +340,313 @@ async fn the_session_feed_forgets_sessions_nobody_watches() {
         })
         .await;
 }
+
+/// The features this gateway does not have answer their reads empty, in
+/// the exact shape of OpenClaw's result schema; their writes stay unserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absent_features_answer_empty() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
+    let answers = [
+        (
+            "cron.runs",
+            json!({"scope": "all", "limit": 20, "offset": 40, "statuses": ["error"]}),
+            json!({"entries": [], "total": 0, "offset": 0, "limit": 20, "hasMore": false, "nextOffset": null}),
+        ),
+        (
+            "cron.runs",
+            json!({"scope": "job", "id": "nightly"}),
+            json!({"entries": [], "total": 0, "offset": 0, "limit": 50, "hasMore": false, "nextOffset": null}),
+        ),
+        (
+            "cron.list",
+            json!({"limit": 200, "offset": 0}),
+            json!({"jobs": [], "total": 0, "offset": 0, "limit": 200, "hasMore": false, "nextOffset": null}),
+        ),
+        (
+            "channels.pairing.list",
+            json!({}),
+            json!({
+                "accounts": [], "requests": [], "commandOwnerConfigured": false,
+                "limits": {"pendingPerAccount": 0, "ttlMs": 0},
+            }),
+        ),
+        (
+            "device.pair.list",
+            json!({}),
+            json!({"pending": [], "paired": []}),
+        ),
+        ("worktrees.list", json!({}), json!({"worktrees": []})),
+        (
+            "plugins.list",
+            json!({}),
+            json!({"plugins": [], "diagnostics": [], "mutationAllowed": false}),
+        ),
+        (
+            "skills.search",
+            json!({"query": "git", "limit": 20}),
+            json!({"results": []}),
+        ),
+        (
+            "transcripts.list",
+            json!({"limit": 50}),
+            json!({"sessions": [], "nextCursor": null}),
+        ),
+        (
+            "approval.history",
+            json!({"limit": 50}),
+            json!({"items": []}),
+        ),
+        ("last-heartbeat", json!({}), json!(null)),
+        (
+            "plugins.catalog.browse",
+            json!({"searchSource": "openclaw-control-ui", "pageSize": 24}),
+            json!({"items": []}),
+        ),
+        (
+            "config.schema.lookup",
+            json!({"path": "plugins.entries.memory-core.config"}),
+            json!({
+                "path": "plugins.entries.memory-core.config",
+                "schema": {"type": "object", "additionalProperties": false},
+                "children": [],
+            }),
+        ),
+        (
+            "exec.approval.grants.list",
+            json!({"limit": 100}),
+            json!({"grants": []}),
+        ),
+    ];
+    for (method, params, payload) in answers {
+        let answer = client.request(method, params).await;
+        assert_eq!(answer["ok"], true, "{method}: {answer}");
+        assert!(answer.get("payload").is_some(), "{method}: {answer}");
+        assert_eq!(answer["payload"], payload, "{method}");
+    }
+    // The two with a timestamp: the rest is exact.
+    let before = clawgate_common::clock::now_ms();
+    for (method, params, rest) in [
+        (
+            "channels.status",
+            json!({"probe": false, "timeoutMs": 8000}),
+            json!({
+                "channelOrder": [], "channelLabels": {}, "channels": {},
+                "channelAccounts": {}, "channelDefaultAccountId": {},
+            }),
+        ),
+        ("node.list", json!({}), json!({"nodes": []})),
+    ] {
+        let mut payload = client.request(method, params).await["payload"].take();
+        let ts = payload["ts"].take().as_i64().expect("ts");
+        assert!(ts >= before, "{method}: ts {ts}");
+        payload.as_object_mut().unwrap().remove("ts");
+        assert_eq!(payload, rest, "{method}");
+    }
+    // GitHub: none configured, none detected.
+    let effective = json!({
+        "source": "system-detected", "credentialKind": "native", "credentialState": "unavailable",
+        "account": null, "gitAuthor": {"name": null, "email": null}, "evidence": "none",
+        "accessExpiresAtMs": null, "refreshState": "not_applicable", "oauthScopes": [],
+        "repositoryGrants": "unknown",
+    });
+    for (scope, identity) in [("system", effective.clone()), ("agent", json!(null))] {
+        let params = json!({"agentId": "main", "selectedScope": scope});
+        let answer = client.request("tools.github.status", params).await;
+        assert_eq!(
+            answer["payload"],
+            json!({
+                "agentId": "main", "selectedScope": scope,
+                "selected": {"scope": scope, "configured": false, "identity": identity},
+                "effective": effective,
+            })
+        );
+    }
+    let no_scope = client
+        .request("tools.github.status", json!({"agentId": "main"}))
+        .await;
+    assert_eq!(
+        no_scope["error"]["message"],
+        "invalid tools.github.status params: must have required property 'selectedScope'"
+    );
+    // Web search: disabled, for the model asked about.
+    let params = json!({"agentId": "main", "modelProvider": "acme", "modelId": "m1"});
+    let answer = client.request("webSearch.status", params).await;
+    let runtime = answer["payload"]["model"]["runtime"].clone();
+    assert!(runtime.as_str().is_some_and(|r| !r.is_empty()), "{answer}");
+    assert_eq!(
+        answer["payload"],
+        json!({
+            "enabled": false, "provider": null, "agentId": "main",
+            "model": {"provider": "acme", "id": "m1", "runtime": runtime},
+            "route": {
+                "kind": "unavailable", "label": "Web search",
+                "reason": "This gateway runs no web search tool.", "testable": false,
+            },
+            "providers": [],
+        })
+    );
+    // The presence list: the gateway, then this connection.
+    let presence = client.request("system-presence", json!({})).await;
+    let entries = presence["payload"].as_array().expect("a list");
+    assert_eq!(entries.len(), 2, "{presence}");
+    assert_eq!(entries[0]["mode"], "gateway");
+    assert_eq!(entries[0]["reason"], "self");
+    assert_eq!(entries[1]["mode"], "cli", "{presence}");
+    // Their params are OpenClaw's, closed.
+    let extra = client
+        .request("worktrees.list", json!({"repoRoot": "/"}))
+        .await;
+    assert_eq!(
+        extra["error"]["message"],
+        "invalid worktrees.list params: must NOT have additional properties (repoRoot)"
+    );
+    // Writes to them are not served.
+    for method in [
+        "worktrees.create",
+        "channels.logout",
+        "device.pair.approve",
+        "cron.add",
+    ] {
+        let answer = client.request(method, json!({})).await;
+        assert_eq!(
+            answer["error"],
+            json!({"code": "INVALID_REQUEST", "message": format!("unknown method: {method}")}),
+        );
+    }
+    system.stop.cancel();
+}
+
+/// `logs.tail` reads the ring this process's log output feeds: the lines
+/// after the cursor asked, within the read's limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_tail_reads_the_recent_lines_after_a_cursor() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.read"]).await;
+    let ring = clawgate_telemetry::recent_logs();
+    ring.push("logs-tail test: first");
+    let first = client.request("logs.tail", json!({})).await["payload"].take();
+    let file = first["file"].as_str().expect("file").to_owned();
+    assert!(file.starts_with("gateway-edge/"), "{first}");
+    let lines = first["lines"].as_array().expect("lines");
+    assert!(lines.contains(&json!("logs-tail test: first")), "{first}");
+    let cursor = first["cursor"].as_u64().expect("cursor");
+    assert_eq!(first["size"], cursor);
+    // Other tests of this process log too: only ours are checked for.
+    ring.push("logs-tail test: second");
+    ring.push("logs-tail test: third");
+    let next = client
+        .request(
+            "logs.tail",
+            json!({"cursor": cursor, "limit": 5000, "maxBytes": 1_000_000}),
+        )
+        .await["payload"]
+        .take();
+    assert_eq!(next["file"], file.as_str());
+    let lines: Vec<&str> = next["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .filter(|l| l.starts_with("logs-tail test"))
+        .collect();
+    assert_eq!(lines, ["logs-tail test: second", "logs-tail test: third"]);
+    // Each line counts with its newline.
+    assert!(next["cursor"].as_u64().unwrap() >= cursor + 23 + 22);
+    // A cursor past the end: read from the start, marked reset.
+    let past = client
+        .request("logs.tail", json!({"cursor": u64::MAX / 2, "limit": 1}))
+        .await["payload"]
+        .take();
+    assert_eq!(past["reset"], true, "{past}");
+    assert_eq!(past["lines"].as_array().unwrap().len(), 1);
+    let bad = client.request("logs.tail", json!({"limit": 0})).await;
+    assert_eq!(
+        bad["error"]["message"],
+        "invalid logs.tail params: /limit must be an integer in 1..5000"
+    );
+    system.stop.cancel();
+}
+
+/// `sessions.preview`: the last user and assistant texts of each session
+/// asked, from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_preview_shows_the_last_texts() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.write"]).await;
+    for (n, message) in ["first question", "second question"].iter().enumerate() {
+        let key = format!("p-{n}");
+        client
+            .request(
+                "chat.send",
+                json!({"sessionKey": "preview", "message": message, "idempotencyKey": key}),
+            )
+            .await;
+        client.request("agent.wait", json!({"runId": key})).await;
+    }
+    let answer = client
+        .request(
+            "sessions.preview",
+            json!({"keys": ["preview", "agent:main:nobody"], "limit": 3, "maxChars": 20}),
+        )
+        .await;
+    let payload = &answer["payload"];
+    assert!(payload["ts"].as_i64().is_some(), "{answer}");
+    // The echo runtime answers with the message: the last three texts.
+    assert_eq!(
+        payload["previews"],
+        json!([
+            {"key": "preview", "status": "ok", "items": [
+                {"role": "assistant", "text": "first question"},
+                {"role": "user", "text": "second question"},
+                {"role": "assistant", "text": "second question"},
+            ]},
+            {"key": "agent:main:nobody", "status": "missing", "items": []},
+        ])
+    );
+    // sessions.get: the recent messages themselves, as chat.history has them.
+    let got = client
+        .request("sessions.get", json!({"sessionKey": "preview", "limit": 2}))
+        .await;
+    let history = client
+        .request("chat.history", json!({"sessionKey": "preview", "limit": 2}))
+        .await;
+    assert_eq!(
+        got["payload"]["messages"], history["payload"]["messages"],
+        "{got}"
+    );
+    assert_eq!(
+        got["payload"]["messages"][1]["content"][0]["text"],
+        "second question"
+    );
+    let nobody = client
+        .request("sessions.get", json!({"key": "nobody"}))
+        .await;
+    assert_eq!(nobody["payload"], json!({"messages": []}));
+    let keyless = client.request("sessions.get", json!({})).await;
+    assert_eq!(
+        keyless["error"],
+        json!({"code": "INVALID_REQUEST", "message": "key required"})
+    );
+    let cut = client
+        .request(
+            "sessions.preview",
+            json!({"keys": ["preview"], "limit": 1, "maxChars": 10}),
+        )
+        .await;
+    assert_eq!(
+        cut["error"]["message"],
+        "invalid sessions.preview params: /maxChars must be an integer in 20..18446744073709551615"
+    );
+    let none = client
+        .request("sessions.preview", json!({"keys": []}))
+        .await;
+    assert_eq!(
+        none["error"]["message"],
+        "invalid sessions.preview params: /keys must NOT have fewer than 1 items"
+    );
+    system.stop.cancel();
+}

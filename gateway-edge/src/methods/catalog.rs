@@ -36,7 +36,7 @@ pub(super) fn model_ref(model: &ModelInfo) -> String {
 
 /// The model a run without a choice uses: the named default, else the
 /// first.
-fn default_model(catalog: &ModelCatalog) -> Option<&ModelInfo> {
+pub(super) fn default_model(catalog: &ModelCatalog) -> Option<&ModelInfo> {
     let named = catalog.default_model.as_deref();
     let by_id = catalog.models.iter().find(|m| Some(m.id.as_str()) == named);
     by_id.or(catalog.models.first())

@@ -10,7 +10,7 @@ use session_store_api::{SessionKey, SessionStore};
 
 use super::chat::{Turn, start_turn};
 use super::{Answer, Call, fail, store_error};
-use crate::auth::scopes::{ADMIN, WRITE, authorize};
+use crate::auth::scopes::{ADMIN, Access, WRITE, authorize};
 use crate::config::QueueMode;
 use crate::protocol::frames::ErrorShape;
 use crate::protocol::params::Params;
@@ -74,7 +74,7 @@ pub(super) async fn run(
         Command::Reset { .. } => ADMIN,
         Command::Stop | Command::Queue(_) => WRITE,
     };
-    authorize(Some(required), &conn.role, &conn.scopes).map_err(fail)?;
+    authorize(Access::Operator(required), &conn.role, &conn.scopes).map_err(fail)?;
     match command {
         Command::Stop => {
             let mut aborted = super::chat::abort(edge, conn, session, None).await?;

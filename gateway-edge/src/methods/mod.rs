@@ -11,6 +11,7 @@
 //! row and its handler. Each request runs in its own task, so answers leave
 //! in the order they finish.
 
+mod absent;
 mod agent;
 mod attachments;
 mod catalog;
@@ -18,6 +19,8 @@ mod chat;
 mod commands;
 mod health;
 mod history;
+mod logs;
+mod preview;
 mod runs;
 mod session_list;
 mod session_settings;
@@ -35,7 +38,7 @@ use session_store_api::SessionKey;
 use tracing::Instrument;
 
 pub use health::{broadcast_health, health_summary};
-pub use table::{SERVED_METHODS, advertised_methods, param_keys, required_scope};
+pub use table::{SERVED_METHODS, advertised_methods, param_keys, required_access};
 
 use crate::auth::scopes;
 use crate::events::Events;
@@ -104,7 +107,7 @@ pub fn dispatch(edge: &Arc<Edge>, events: &Arc<Events>, conn: &Arc<Conn>, text: 
     let method = table::method(&request.method);
     let label = method.map_or(table::OTHER, |m| m.name);
     let refused = |error| reply(edge, conn, &request.id, label, Err(fail(error)));
-    let required = required_scope(&request.method, &request.params);
+    let required = required_access(&request.method, &request.params);
     if let Err(error) = scopes::authorize(required, &conn.role, &conn.scopes) {
         // Not `reply`: this answer must not end the row it counts in.
         send_answer(edge, conn, &request.id, label, Err(fail(error)));

@@ -5,8 +5,8 @@
 //! Each answer here is true of this gateway: it runs no cron jobs, tasks,
 //! boards, projects, branches, worktrees, plugins, voice or GitHub links,
 //! so those lists are empty; it has one agent with its default identity; it
-//! runs on this host (`system.info`). None of these is advertised, so the
-//! UI's feature pages stay hidden. Per-user UI preferences (`users.prefs.*`)
+//! runs on this host (`system.info`). None of these is advertised (the
+//! Control UI 2026.9.6 opens every page whatever `features.methods` lists). Per-user UI preferences (`users.prefs.*`)
 //! live in this edge process's memory: they survive reloads and reconnects
 //! to the same edge, not an edge restart (documented in docs/gateway-edge.md).
 
@@ -82,23 +82,6 @@ pub(super) const CRON_LIST_KEYS: &[&str] = &[
     "compact",
     "includeDeliveryPreviews",
 ];
-
-pub(super) async fn cron_list(call: &Call<'_>) -> Answer {
-    let limit = call
-        .params
-        .raw("limit")
-        .and_then(Value::as_u64)
-        .unwrap_or(50);
-    let offset = call
-        .params
-        .raw("offset")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    Ok(json!({
-        "jobs": [], "total": 0, "offset": offset, "limit": limit,
-        "hasMore": false, "nextOffset": null,
-    }))
-}
 
 pub(super) async fn mentions_list(call: &Call<'_>) -> Answer {
     Ok(json!({ "gatewayInstanceId": call.edge.boot_id, "revision": 0, "items": [] }))

@@ -11,9 +11,11 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::{Answer, Call};
-use super::{agent, catalog, chat, health, history, runs, session_list, session_settings};
-use super::{sessions, surfaces};
-use crate::auth::scopes::{self, ADMIN, APPROVALS, QUESTIONS, READ, WRITE};
+use super::{absent, agent, catalog, chat, health, history, runs, session_list, session_settings};
+use super::{logs, preview, sessions, surfaces};
+use crate::auth::registry;
+use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
+use crate::events::presence;
 use crate::protocol::frames::ErrorShape;
 use crate::protocol::params::Params;
 
@@ -126,6 +128,7 @@ macro_rules! method_table {
 const R: Scope = Scope::Fixed(READ);
 const W: Scope = Scope::Fixed(WRITE);
 const A: Scope = Scope::Fixed(ADMIN);
+const P: Scope = Scope::Fixed(PAIRING);
 use Schema::{Closed, ClosedForUi, Ignored, Union};
 
 /// `sessions.catalog.list`'s params.
@@ -203,7 +206,7 @@ method_table! {
     "mentions.list" (hidden), R, Closed(&[]) => |call| surfaces::mentions_list(call);
     "system.info" (hidden), R, Closed(&[]) => |call| surfaces::system_info(call);
     "tasks.list" (hidden), R, Closed(&["status", "agentId", "sessionKey", "limit", "cursor", "sortBy"]) => |_call| surfaces::constant(json!({ "tasks": [] }));
-    "cron.list" (hidden), R, Closed(surfaces::CRON_LIST_KEYS) => |call| surfaces::cron_list(call);
+    "cron.list" (hidden), R, Closed(surfaces::CRON_LIST_KEYS) => |call| absent::empty_page(call, "jobs");
     "cron.status" (hidden), R, Closed(&[]) => |_call| surfaces::constant(json!({
         "enabled": false, "triggersEnabled": false, "jobs": 0, "nextWakeAtMs": null,
     }));
@@ -219,6 +222,35 @@ method_table! {
     }));
     "users.prefs.get" (hidden), R, Closed(&["keys"]) => |call| surfaces::prefs_get(call);
     "users.prefs.set" (hidden), W, Closed(&["entries", "expectedEntries"]) => |call| surfaces::prefs_set(call);
+    // Features this gateway does not have (`absent.rs`): empty, not advertised.
+    "cron.runs" (hidden), R, Closed(absent::CRON_RUNS_KEYS) => |call| absent::empty_page(call, "entries");
+    "channels.status" (hidden), R, Closed(absent::CHANNELS_STATUS_KEYS) => |_call| absent::channels_status();
+    "channels.pairing.list" (hidden), P, Closed(absent::CHANNELS_PAIRING_LIST_KEYS) => |_call| absent::channels_pairing_list();
+    "device.pair.list" (hidden), P, Closed(&[]) => |_call| surfaces::constant(json!({ "pending": [], "paired": [] }));
+    "node.list" (hidden), R, Closed(&[]) => |_call| absent::node_list();
+    "worktrees.list" (hidden), R, Closed(&[]) => |_call| surfaces::constant(json!({ "worktrees": [] }));
+    "plugins.list" (hidden), R, Closed(&[]) => |_call| surfaces::constant(json!({
+        "plugins": [], "diagnostics": [], "mutationAllowed": false,
+    }));
+    "plugins.catalog.browse" (hidden), R, Closed(absent::PLUGINS_CATALOG_BROWSE_KEYS) => |_call| surfaces::constant(json!({ "items": [] }));
+    "skills.search" (hidden), R, Closed(absent::SKILLS_SEARCH_KEYS) => |_call| surfaces::constant(json!({ "results": [] }));
+    "transcripts.list" (hidden), R, Closed(absent::TRANSCRIPTS_LIST_KEYS) => |_call| surfaces::constant(json!({ "sessions": [], "nextCursor": null }));
+    "approval.history" (hidden), Scope::Fixed(APPROVALS), Closed(absent::APPROVAL_HISTORY_KEYS) => |_call| surfaces::constant(json!({ "items": [] }));
+    "skills.status" (hidden), R, Closed(absent::SKILLS_STATUS_KEYS) => |_call| absent::skills_status();
+    "skills.library.list" (hidden), R, Closed(absent::SKILLS_LIBRARY_LIST_KEYS) => |call| absent::skills_library_list(call);
+    "doctor.memory.status" (hidden), R, Closed(absent::DOCTOR_MEMORY_STATUS_KEYS) => |_call| absent::doctor_memory_status();
+    "tools.github.status" (hidden), R, Closed(absent::TOOLS_GITHUB_STATUS_KEYS) => |call| absent::tools_github_status(call);
+    "webSearch.status" (hidden), R, Closed(absent::WEB_SEARCH_STATUS_KEYS) => |call| absent::web_search_status(call);
+    // No heartbeat runs here (no periodic agent wake-ups): none was last.
+    "last-heartbeat" (hidden), R, Ignored => |_call| surfaces::constant(Value::Null);
+    "logs.tail" (hidden), R, Closed(logs::LOGS_TAIL_KEYS) => |call| logs::logs_tail(call);
+    // The presence list of `hello-ok.snapshot.presence`, as it is now.
+    "system-presence" (hidden), R, Ignored => |call| surfaces::constant(json!(presence::list_for(call.edge, call.conn)));
+    // No cron job has standing exec grants: there are no cron jobs.
+    "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
+    "sessions.preview" (hidden), R, Closed(preview::SESSIONS_PREVIEW_KEYS) => |call| preview::sessions_preview(call);
+    "sessions.get" (hidden), R, Closed(preview::SESSIONS_GET_KEYS) => |call| preview::sessions_get(call);
+    "config.schema.lookup" (hidden), R, Closed(&["path"]) => |call| absent::config_schema_lookup(call);
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }
 
@@ -238,14 +270,14 @@ pub fn advertised_methods() -> Vec<&'static str> {
         .collect()
 }
 
-/// The scope `name` needs with these params (`None`: exempt): the table's
-/// for a served method, the protocol's classification for the others.
-pub fn required_scope(name: &str, params: &Value) -> Option<&'static str> {
+/// What a call of `name` with these params needs: the table's row for a
+/// served method, OpenClaw's registry for the others.
+pub fn required_access(name: &str, params: &Value) -> Access {
     match method(name).map(|m| m.scope) {
-        Some(Scope::Exempt) => None,
-        Some(Scope::Fixed(scope)) => Some(scope),
-        Some(Scope::ByParams(decide)) => Some(decide(params)),
-        None => Some(scopes::unserved_scope(name)),
+        Some(Scope::Exempt) => Access::Exempt,
+        Some(Scope::Fixed(scope)) => Access::Operator(scope),
+        Some(Scope::ByParams(decide)) => Access::Operator(decide(params)),
+        None => registry::access(name, params),
     }
 }
 
@@ -270,6 +302,17 @@ mod tests {
         }
         assert!(method(OTHER).is_none());
         assert!(method("no.such.method").is_none());
+    }
+
+    #[test]
+    fn served_scopes_are_openclaws() {
+        for row in METHODS {
+            if let (Scope::Fixed(ours), Some(registry::Policy::Fixed(theirs))) =
+                (row.scope, registry::policy(row.name))
+            {
+                assert_eq!(ours, theirs, "{}", row.name);
+            }
+        }
     }
 
     #[test]

@@ -143,6 +143,7 @@ pub const ADMIN: &str = "operator.admin";
 
 pub const QUESTIONS: &str = "operator.questions";
 pub const APPROVALS: &str = "operator.approvals";
+pub const PAIRING: &str = "operator.pairing";
 
 /// The scope a method needs per the protocol's table (§7, the real
 /// gateway's method scopes, plus this edge's `runs.resume` extension,
@@ -198,13 +199,35 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "sessions.catalog.list"
         | "sessions.github.options"
         | "session.members.listEvidence"
-        | "environments.list" => Some(READ),
+        | "environments.list"
+        | "cron.runs"
+        | "channels.status"
+        | "node.list"
+        | "worktrees.list"
+        | "plugins.list"
+        | "skills.search"
+        | "transcripts.list"
+        | "skills.status"
+        | "skills.library.list"
+        | "doctor.memory.status"
+        | "tools.github.status"
+        | "webSearch.status"
+        | "last-heartbeat"
+        | "sessions.preview"
+        | "sessions.get"
+        | "config.schema.lookup"
+        | "plugins.catalog.browse" => Some(READ),
+        "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
         "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
         | "sessions.send" | "sessions.create" | "sessions.patch" => Some(WRITE),
         "sessions.delete" if params.get("archivedOnly") == Some(&Value::Bool(true)) => Some(WRITE),
         "question.list" => Some(QUESTIONS),
-        "plugin.approval.list" | "exec.approval.list" | "openclaw.approval.list" => Some(APPROVALS),
+        "plugin.approval.list"
+        | "exec.approval.list"
+        | "openclaw.approval.list"
+        | "approval.history"
+        | "exec.approval.grants.list" => Some(APPROVALS),
         _ => Some(ADMIN),
     }
 }

@@ -13,6 +13,7 @@ pub mod accept;
 pub mod export;
 pub mod grpc;
 pub mod log_limit;
+pub mod log_ring;
 mod logs;
 pub mod metrics;
 pub mod propagation;
@@ -29,6 +30,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 pub use export::ExportCounters;
+pub use log_ring::recent_logs;
 pub use logs::LogFormat;
 
 /// How long a stopping service waits for its last spans to leave.
@@ -154,7 +156,9 @@ pub fn try_init(service: &str) -> anyhow::Result<Telemetry> {
     // Colours only for a person at a terminal, never into a log pipeline.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let fmt = logs::layer(format, settings.export, ansi, std::io::stdout).with_filter(log_filter);
+    // Every line also goes to the ring `logs.tail` reads.
+    let stdout = log_ring::Teed(std::io::stdout);
+    let fmt = logs::layer(format, settings.export, ansi, stdout).with_filter(log_filter);
 
     propagation::install_propagator();
     let (provider, flush, trace_layer) = if settings.export {
