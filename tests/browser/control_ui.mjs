@@ -395,15 +395,25 @@ try {
       // Clicked at once: a screenshot first can take seconds on a loaded
       // machine, long enough for the run to end by itself.
       const since = idx();
-      await btn.click();
-      const { params, payload } = await waitReqRes('chat.abort', { since });
-      console.log(`  chat.abort params=${JSON.stringify(params)} → ${JSON.stringify(payload)}`);
-      if (payload?.aborted === true) break;
-      // Its final reached the page by the time the abort was answered.
+      let clickFailed = null;
+      // The button leaves the page when the run ends: a click that cannot
+      // land in a few seconds met a run that had ended.
+      await btn.click({ timeout: 5000 }).catch((err) => { clickFailed = err; });
+      let answer = null;
+      if (!clickFailed) {
+        answer = await waitReqRes('chat.abort', { since });
+        console.log(`  chat.abort params=${JSON.stringify(answer.params)} → ${JSON.stringify(answer.payload)}`);
+        if (answer.payload?.aborted === true) break;
+      }
+      // Its final reached the page by the time the abort was answered (or
+      // the click gave up).
       const endedFirst = records.slice(s.since, idx()).some(chatEv(s.runId, 'final'));
-      if (!endedFirst || attempt === 3) throw new Error(`chat.abort did not answer aborted:true: ${JSON.stringify(payload)}`);
+      if (!endedFirst || attempt === 3) {
+        if (clickFailed) throw clickFailed;
+        throw new Error(`chat.abort did not answer aborted:true: ${JSON.stringify(answer.payload)}`);
+      }
       console.log(`  run ${s.runId} ended before the click (attempt ${attempt}); again`);
-      await waitUntil(async () => !(await btn.isVisible()), { what: 'Stop button gone after final' });
+      await waitUntil(async () => !(await stopButton().isVisible()), { what: 'Stop button gone after final' });
     }
     const ab = await waitRecord(chatEv(s.runId, 'aborted'), { since: s.since, what: `chat event state "aborted" for run ${s.runId}` });
     console.log(`  chat aborted stopReason=${ab.json.payload.stopReason}`);

@@ -202,6 +202,10 @@ enum Verify {
     Full(Roots),
 }
 
+/// ring, which the workspace already builds (reqwest's TLS); rustls 0.23.48
+/// deprecates it for lacking post-quantum key exchange, whose provider
+/// (aws-lc-rs) would add a large C build to every CI run.
+#[allow(deprecated)]
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
