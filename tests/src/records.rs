@@ -1,5 +1,7 @@
-//! A run's durable record, as the multi-process tests read it back after
-//! their faults.
+//! A run's durable record and the lease table, as the multi-process tests
+//! read them back after their faults.
+
+use std::collections::HashMap;
 
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
@@ -33,4 +35,25 @@ pub fn is_terminal(status: store_pb::RunStatus) -> bool {
         status,
         S::Ok | S::Error | S::Aborted | S::Superseded | S::Lost | S::Timeout
     )
+}
+
+/// The store's lease table (with the store's clock, `now_ms`).
+pub async fn lease_table(store: &mut SessionStoreClient<Channel>) -> store_pb::ListLeasesResponse {
+    store
+        .list_leases(store_pb::ListLeasesRequest {})
+        .await
+        .expect("the store answers ListLeases")
+        .into_inner()
+}
+
+/// How many live leases (held, not expired on the store's clock) each
+/// holder has, by its advertised address.
+pub fn live_leases_by_address(table: &store_pb::ListLeasesResponse) -> HashMap<String, usize> {
+    let mut holders = HashMap::new();
+    for lease in &table.leases {
+        if lease.owner.is_some() && lease.expires_at_ms > table.now_ms {
+            *holders.entry(lease.address.clone()).or_default() += 1;
+        }
+    }
+    holders
 }

@@ -31,7 +31,9 @@ use std::time::Duration;
 
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_system_tests::fuzz_seeds::env_or;
-use clawgate_system_tests::records::{is_terminal, run_record};
+use clawgate_system_tests::records::{
+    is_terminal, lease_table, live_leases_by_address, run_record,
+};
 use clawgate_system_tests::rng::SplitMix;
 use clawgate_system_tests::runtime::CountingRuntime;
 use clawgate_system_tests::sandbox::Backend;
@@ -103,23 +105,12 @@ impl Scale {
     }
 
     async fn leases(&mut self) -> store_pb::ListLeasesResponse {
-        self.store_client
-            .list_leases(store_pb::ListLeasesRequest {})
-            .await
-            .unwrap()
-            .into_inner()
+        lease_table(&mut self.store_client).await
     }
 
     /// Live leases by owner address.
     async fn holders(&mut self) -> HashMap<String, usize> {
-        let table = self.leases().await;
-        let mut holders = HashMap::new();
-        for lease in &table.leases {
-            if lease.owner.is_some() && lease.expires_at_ms > table.now_ms {
-                *holders.entry(lease.address.clone()).or_default() += 1;
-            }
-        }
-        holders
+        live_leases_by_address(&self.leases().await)
     }
 
     /// Waits until every partition is held, spread over `members` members.

@@ -27,7 +27,9 @@ use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
 use clawgate_system_tests::client::OPERATOR_SCOPES;
 use clawgate_system_tests::process::logged_at_ms;
-use clawgate_system_tests::records::{is_terminal, run_record};
+use clawgate_system_tests::records::{
+    is_terminal, lease_table, live_leases_by_address, run_record,
+};
 use clawgate_system_tests::runtime::CountingRuntime;
 use clawgate_system_tests::sandbox::Backend;
 use clawgate_system_tests::system::{CoordinatorSpec, Runtime, System};
@@ -175,27 +177,12 @@ async fn a_coordinator_that_lost_its_leases_exits_within_twice_the_ttl() {
 async fn owners(
     store: &mut SessionStoreClient<Channel>,
 ) -> std::collections::HashMap<String, usize> {
-    let table = store
-        .list_leases(store_pb::ListLeasesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    let mut owners = std::collections::HashMap::new();
-    for lease in table.leases {
-        if lease.owner.is_some() && lease.expires_at_ms > table.now_ms {
-            *owners.entry(lease.address).or_default() += 1;
-        }
-    }
-    owners
+    live_leases_by_address(&lease_table(store).await)
 }
 
 /// How many runs the coordinator advertised at `address` executes now.
 async fn executing_on(store: &mut SessionStoreClient<Channel>, address: &str) -> usize {
-    let table = store
-        .list_leases(store_pb::ListLeasesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let table = lease_table(store).await;
     let member = table
         .leases
         .iter()
@@ -320,12 +307,8 @@ async fn a_leader_whose_store_goes_silent_stops_before_its_lease_expires() {
 /// The expiry (store clock, ms) of the leases the coordinator at `address`
 /// holds.
 async fn lease_expiry(store: &mut SessionStoreClient<Channel>, address: &str) -> i64 {
-    let table = store
-        .list_leases(store_pb::ListLeasesRequest {})
+    lease_table(store)
         .await
-        .unwrap()
-        .into_inner();
-    table
         .leases
         .iter()
         .filter(|l| l.address == address && l.owner.is_some())
@@ -336,11 +319,5 @@ async fn lease_expiry(store: &mut SessionStoreClient<Channel>, address: &str) ->
 
 /// The store's clock now, ms.
 async fn store_now(store: &mut SessionStoreClient<Channel>) -> i64 {
-    let request = store_pb::ListLeasesRequest {};
-    store
-        .list_leases(request)
-        .await
-        .unwrap()
-        .into_inner()
-        .now_ms
+    lease_table(store).await.now_ms
 }

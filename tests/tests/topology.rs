@@ -28,7 +28,7 @@ use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
 use clawgate_system_tests::Client;
 use clawgate_system_tests::client::OPERATOR_SCOPES;
 use clawgate_system_tests::process::{http_ok, until_ready};
-use clawgate_system_tests::records::run_record;
+use clawgate_system_tests::records::{lease_table, live_leases_by_address, run_record};
 use clawgate_system_tests::runtime::CountingRuntime;
 use clawgate_system_tests::sandbox::Backend;
 use clawgate_system_tests::system::{CoordinatorSpec, RENEW, Runtime, System, chat_run};
@@ -283,16 +283,10 @@ async fn held_at(
     store: &mut SessionStoreClient<tonic::transport::Channel>,
     address: &str,
 ) -> usize {
-    let table = store
-        .list_leases(store_pb::ListLeasesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    table
-        .leases
-        .iter()
-        .filter(|l| l.owner.is_some() && l.expires_at_ms > table.now_ms && l.address == address)
-        .count()
+    live_leases_by_address(&lease_table(store).await)
+        .get(address)
+        .copied()
+        .unwrap_or(0)
 }
 
 /// Waits until coordinator `n` holds partitions; how many. Panics with the
