@@ -418,6 +418,31 @@ async fn absent_features_answer_empty() {
             json!({"limit": 100}),
             json!({"grants": []}),
         ),
+        (
+            "exec.approvals.get",
+            json!({}),
+            json!({
+                "path": "clawgate", "exists": false, "hash": "none", "file": {"version": 1},
+                "resolvedDefaults": {
+                    "security": "deny", "ask": "off", "askFallback": "deny", "autoAllowSkills": false,
+                },
+            }),
+        ),
+        (
+            "themes.list",
+            json!({}),
+            json!({
+                "current": {"id": "claw", "mode": "system", "scope": "gateway", "overrides": {}},
+                "theme": {
+                    "id": "claw", "name": "Claw", "description": "The Control UI's default theme.",
+                    "source": "builtin", "modes": ["light", "dark"],
+                },
+                "themes": [{
+                    "id": "claw", "name": "Claw", "description": "The Control UI's default theme.",
+                    "source": "builtin", "modes": ["light", "dark"],
+                }],
+            }),
+        ),
     ];
     for (method, params, payload) in answers {
         let answer = client.request(method, params).await;
@@ -648,5 +673,52 @@ async fn sessions_preview_shows_the_last_texts() {
         none["error"]["message"],
         "invalid sessions.preview params: /keys must NOT have fewer than 1 items"
     );
+    system.stop.cancel();
+}
+
+/// `diagnostics.lanes`: the coordinator's global cap as the `main` lane and
+/// its session lanes as the dynamic ones, read while a run executes and
+/// another waits behind it in the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diagnostics_lanes_show_the_cap_and_the_session_lanes() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
+    let lane = |active: u32, queued: u32| {
+        json!([{
+            "lane": "main", "queuedCount": queued, "activeCount": active, "maxConcurrent": 16,
+            "draining": false, "generation": 0, "blockedBy": null,
+        }])
+    };
+    let idle = client.request("diagnostics.lanes", json!({})).await["payload"].take();
+    assert!(idle["ts"].as_i64().is_some_and(|ts| ts > 0), "{idle}");
+    assert_eq!(idle["lanes"], lane(0, 0), "{idle}");
+    assert_eq!(idle["dynamic"], json!(null), "{idle}");
+
+    client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"lanes","message":"SLOW first","idempotencyKey":"lanes-1"}),
+        )
+        .await;
+    client
+        .event(|f| f["event"] == "chat" && f["payload"]["state"] == "delta")
+        .await;
+    client
+        .request(
+            "chat.send",
+            json!({"sessionKey":"lanes","message":"second","idempotencyKey":"lanes-2","queueMode":"followup"}),
+        )
+        .await;
+    let busy = client.request("diagnostics.lanes", json!({})).await["payload"].take();
+    assert_eq!(busy["lanes"], lane(1, 1), "{busy}");
+    assert_eq!(
+        busy["dynamic"],
+        json!({"laneCount": 1, "activeCount": 1, "queuedCount": 1, "queuedLaneCount": 1}),
+        "{busy}"
+    );
+    client
+        .request("chat.abort", json!({"sessionKey":"lanes"}))
+        .await;
     system.stop.cancel();
 }

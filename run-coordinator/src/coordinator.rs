@@ -214,6 +214,11 @@ impl Coordinator {
         self.inner.list_active(session)
     }
 
+    /// The global cap and the session lanes, now.
+    pub fn lane_stats(&self) -> LaneStats {
+        self.inner.lane_stats()
+    }
+
     pub fn subscribe_run(
         &self,
         run_id: &str,

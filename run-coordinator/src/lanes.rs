@@ -234,6 +234,22 @@ impl Inner {
         (ahead + usize::from(lane.running.is_some())) as u32
     }
 
+    /// The global cap and the session lanes, now.
+    pub(crate) fn lane_stats(&self) -> LaneStats {
+        let state = self.lock();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let lanes = state.lanes.values();
+        LaneStats {
+            max_executing: count(self.config.max_executing),
+            executing: count(state.executing),
+            waiting: count(state.waiting.len()),
+            draining: state.draining,
+            lanes: count(state.lanes.len()),
+            lanes_running: count(lanes.clone().filter(|l| l.running.is_some()).count()),
+            lanes_waiting: count(lanes.filter(|l| !l.queued.is_empty()).count()),
+        }
+    }
+
     pub(crate) fn list_active(&self, session: Option<&SessionKey>) -> Vec<RunSnapshot> {
         let state = self.lock();
         let mut runs: Vec<&Arc<Run>> = state

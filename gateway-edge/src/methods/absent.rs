@@ -2,7 +2,8 @@
 //! nothing. It has no messaging channels and so no channel pairing, no
 //! paired devices or nodes, no worktrees, no plugins and no plugin catalogue, no skills catalogue,
 //! no meeting transcripts, no approval history (it asks for no approvals),
-//! no cron jobs, so no cron runs, no skills and no memory search. Each answer has the shape OpenClaw's
+//! no cron jobs, so no cron runs, no skills and no memory search, no exec
+//! tool and no theme catalogue. Each answer has the shape OpenClaw's
 //! protocol gives the method (its result schema in openclaw 2026.9.6), so
 //! that the Control UI's pages show their empty state instead of an error.
 //! The writes of these features stay unserved (`unknown method`).
@@ -200,6 +201,32 @@ pub(super) async fn web_search_status(call: &Call<'_>) -> Answer {
             "reason": "This gateway runs no web search tool.", "testable": false,
         },
         "providers": [],
+    }))
+}
+
+/// No shell command runs here (the runtimes have no exec tool), so the
+/// exec policy is the closed one, and there is no approvals file: nothing
+/// to edit (`exec.approvals.set` stays unserved).
+pub(super) async fn exec_approvals_get() -> Answer {
+    Ok(json!({
+        "path": "clawgate", "exists": false, "hash": "none", "file": { "version": 1 },
+        "resolvedDefaults": {
+            "security": "deny", "ask": "off", "askFallback": "deny", "autoAllowSkills": false,
+        },
+    }))
+}
+
+/// The default theme of the Control UI, the one theme this gateway lists:
+/// it keeps no theme choices (`themes.set` stays unserved), so the UI
+/// shows the theme it ships with, in the mode the browser asks for.
+pub(super) async fn themes_list() -> Answer {
+    let claw = json!({
+        "id": "claw", "name": "Claw", "description": "The Control UI's default theme.",
+        "source": "builtin", "modes": ["light", "dark"],
+    });
+    Ok(json!({
+        "current": { "id": "claw", "mode": "system", "scope": "gateway", "overrides": {} },
+        "theme": claw, "themes": [claw],
     }))
 }
 

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{Answer, Call};
 use super::{absent, agent, catalog, chat, health, history, runs, session_list, session_settings};
-use super::{logs, preview, sessions, surfaces};
+use super::{diagnostics, logs, preview, sessions, surfaces};
 use crate::auth::registry;
 use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
 use crate::events::presence;
@@ -250,6 +250,9 @@ method_table! {
     "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
     "sessions.preview" (hidden), R, Closed(preview::SESSIONS_PREVIEW_KEYS) => |call| preview::sessions_preview(call);
     "sessions.get" (hidden), R, Closed(preview::SESSIONS_GET_KEYS) => |call| preview::sessions_get(call);
+    "diagnostics.lanes" (hidden), R, Ignored => |call| diagnostics::diagnostics_lanes(call);
+    "exec.approvals.get" (hidden), A, Closed(&[]) => |_call| absent::exec_approvals_get();
+    "themes.list" (hidden), R, Closed(&[]) => |_call| absent::themes_list();
     "config.schema.lookup" (hidden), R, Closed(&["path"]) => |call| absent::config_schema_lookup(call);
     "runs.resume", R, Closed(runs::RUNS_RESUME_KEYS) => |call| runs::runs_resume(call.edge, call.conn, &call.params);
 }

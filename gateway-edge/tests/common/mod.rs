@@ -216,6 +216,8 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "sessions.preview"
         | "sessions.get"
         | "config.schema.lookup"
+        | "themes.list"
+        | "diagnostics.lanes"
         | "plugins.catalog.browse" => Some(READ),
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),

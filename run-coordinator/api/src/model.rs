@@ -201,6 +201,40 @@ pub struct RuntimeInfo {
     pub catalog: ModelCatalog,
 }
 
+/// A coordinator's global cap and session lanes at one moment; summed over
+/// coordinators, the cluster's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneStats {
+    /// The global cap, and the runs holding a slot of it.
+    pub max_executing: u32,
+    pub executing: u32,
+    /// Runs admitted and waiting to start.
+    pub waiting: u32,
+    /// Stopping: nothing more starts there.
+    pub draining: bool,
+    /// Session lanes with work; those with a run executing; those with runs
+    /// waiting.
+    pub lanes: u32,
+    pub lanes_running: u32,
+    pub lanes_waiting: u32,
+}
+
+impl std::ops::Add for LaneStats {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            max_executing: self.max_executing + other.max_executing,
+            executing: self.executing + other.executing,
+            waiting: self.waiting + other.waiting,
+            draining: self.draining || other.draining,
+            lanes: self.lanes + other.lanes,
+            lanes_running: self.lanes_running + other.lanes_running,
+            lanes_waiting: self.lanes_waiting + other.lanes_waiting,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct WaitResult {
     pub terminal: bool,

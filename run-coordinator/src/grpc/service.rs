@@ -182,6 +182,13 @@ impl GrpcRunCoordinator for RunCoordinatorService {
         }))
     }
 
+    async fn describe_lanes(
+        &self,
+        _request: Request<pb::DescribeLanesRequest>,
+    ) -> GrpcResult<pb::DescribeLanesResponse> {
+        Ok(Response::new(lanes_to_pb(self.coordinator.lane_stats())))
+    }
+
     async fn describe_runtime(
         &self,
         _request: Request<pb::DescribeRuntimeRequest>,

@@ -18,7 +18,9 @@ use crate::error::{CoordinatorError, CoordinatorResult};
 use crate::events::StreamItem;
 use crate::grpc::convert::*;
 use crate::grpc::status::from_status;
-use crate::model::{CancelTarget, RunSnapshot, RuntimeInfo, SubmitRequest, Submitted, WaitResult};
+use crate::model::{
+    CancelTarget, LaneStats, RunSnapshot, RuntimeInfo, SubmitRequest, Submitted, WaitResult,
+};
 
 /// The RunCoordinator API over any number of coordinators. Each call goes
 /// to the owner of its session's partition by the store's leases; calls
@@ -271,34 +273,58 @@ impl Router {
         let req = pb::ListActiveRequest {
             session_key: session.map(|key| key.as_str().to_owned()),
         };
-        let list = |target| routed!(self.shared, target, req.clone(), list_active);
         let runs = match session {
             Some(key) => {
                 let target = self.shared.session_target(key.as_str());
-                list(target).await.map_err(from_status)?.1.runs
+                let (_, answer) = routed!(self.shared, target, req, list_active)
+                    .await
+                    .map_err(from_status)?;
+                answer.runs
             }
             None => {
-                let map = self.shared.routes.borrow().map.clone();
-                if map.is_split() {
-                    // One call per owner, to a partition it owns: if it
-                    // does not answer, the call follows that partition to
-                    // its next owner.
-                    let targets: Vec<Target> = map
-                        .addresses()
-                        .iter()
-                        .filter_map(|address| map.partitions_of(address).first().copied())
-                        .map(Target::Partition)
-                        .collect();
-                    let answers = futures::future::try_join_all(targets.into_iter().map(list))
-                        .await
-                        .map_err(from_status)?;
-                    merge_active(answers.into_iter().map(|(_, r)| r.runs))
-                } else {
-                    list(Target::Any).await.map_err(from_status)?.1.runs
-                }
+                let answers = self
+                    .each_owner(|target| routed!(self.shared, target, req.clone(), list_active))
+                    .await?;
+                merge_active(answers.into_iter().map(|r| r.runs))
             }
         };
         snapshots_from_pb(runs)
+    }
+
+    /// The global caps and session lanes of every owner, summed: the
+    /// cluster's.
+    pub async fn describe_lanes(&self) -> CoordinatorResult<LaneStats> {
+        let req = pb::DescribeLanesRequest {};
+        let answers = self
+            .each_owner(|target| routed!(self.shared, target, req, describe_lanes))
+            .await?;
+        Ok(answers
+            .into_iter()
+            .map(lanes_from_pb)
+            .fold(LaneStats::default(), |sum, one| sum + one))
+    }
+
+    /// Asks every owner once (while the partitions are split; else the one
+    /// coordinator), each through a partition it owns: if it does not
+    /// answer, the call follows that partition to its next owner.
+    async fn each_owner<T, F>(&self, call: impl Fn(Target) -> F) -> CoordinatorResult<Vec<T>>
+    where
+        F: std::future::Future<Output = Result<(String, T), tonic::Status>>,
+    {
+        let map = self.shared.routes.borrow().map.clone();
+        let targets: Vec<Target> = if map.is_split() {
+            map.addresses()
+                .iter()
+                .filter_map(|address| map.partitions_of(address).first().copied())
+                .map(Target::Partition)
+                .collect()
+        } else {
+            vec![Target::Any]
+        };
+        let answers = futures::future::try_join_all(targets.into_iter().map(call))
+            .await
+            .map_err(from_status)?;
+        Ok(answers.into_iter().map(|(_, answer)| answer).collect())
     }
 
     /// The runtime the coordinators execute runs through, and its models.

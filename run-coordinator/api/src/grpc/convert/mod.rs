@@ -311,6 +311,30 @@ pub fn runtime_from_pb(r: pb::DescribeRuntimeResponse) -> RuntimeInfo {
     }
 }
 
+pub fn lanes_to_pb(stats: LaneStats) -> pb::DescribeLanesResponse {
+    pb::DescribeLanesResponse {
+        max_executing: stats.max_executing,
+        executing: stats.executing,
+        waiting: stats.waiting,
+        draining: stats.draining,
+        lanes: stats.lanes,
+        lanes_running: stats.lanes_running,
+        lanes_waiting: stats.lanes_waiting,
+    }
+}
+
+pub fn lanes_from_pb(r: pb::DescribeLanesResponse) -> LaneStats {
+    LaneStats {
+        max_executing: r.max_executing,
+        executing: r.executing,
+        waiting: r.waiting,
+        draining: r.draining,
+        lanes: r.lanes,
+        lanes_running: r.lanes_running,
+        lanes_waiting: r.lanes_waiting,
+    }
+}
+
 fn lifecycle_phase_to_pb(phase: LifecyclePhase) -> pb::lifecycle::Phase {
     match phase {
         LifecyclePhase::Start => pb::lifecycle::Phase::Start,

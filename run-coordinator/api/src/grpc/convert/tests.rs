@@ -150,6 +150,16 @@ fn runtime_wait_and_cancel_cross_the_wire_and_come_back_equal() {
         },
     };
     assert_eq!(runtime_from_pb(runtime_to_pb(info.clone())), info);
+    let lanes = LaneStats {
+        max_executing: 8,
+        executing: 3,
+        waiting: 5,
+        draining: true,
+        lanes: 4,
+        lanes_running: 3,
+        lanes_waiting: 2,
+    };
+    assert_eq!(lanes_from_pb(lanes_to_pb(lanes)), lanes);
     let waited = WaitResult {
         terminal: true,
         unknown: false,
