@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_two_phase_and_chat_send_lifecycle() {
@@ -721,4 +721,212 @@ async fn diagnostics_lanes_show_the_cap_and_the_session_lanes() {
         .request("chat.abort", json!({"sessionKey":"lanes"}))
         .await;
     system.stop.cancel();
+}
+
+/// The Usage page's reads on `backend`: the stub runtime (the echo's)
+/// reports a word count as each run's usage (it lists no models, so usage
+/// is the runtime's own), which the transcript keeps; `sessions.usage`
+/// sums it per session and over sessions, `.timeseries` and `.logs` show
+/// one session's, `usage.status` lists no provider windows.
+async fn usage_from_transcripts(backend: clawgate_system_tests::sandbox::Backend) {
+    let system = clawgate_system_tests::sandbox::Sandbox::builder()
+        .backend(backend)
+        .runtime(common::StubRuntime::new())
+        .start()
+        .await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
+    for (key, message, run) in [
+        ("usage-a", "one two three", "u-1"),
+        ("usage-a", "four five", "u-2"),
+        ("usage-b", "six", "u-3"),
+    ] {
+        client
+            .request(
+                "chat.send",
+                json!({"sessionKey": key, "message": message, "idempotencyKey": run}),
+            )
+            .await;
+        let waited = client
+            .request("agent.wait", json!({"runId": run, "timeoutMs": 10000}))
+            .await;
+        assert_eq!(waited["payload"]["status"], "ok", "{waited}");
+    }
+    let status = client.request("usage.status", json!({})).await["payload"].take();
+    assert!(status["updatedAt"].as_i64().is_some(), "{status}");
+    assert_eq!(status["providers"], json!([]));
+
+    let report = client
+        .request("sessions.usage", json!({"mode": "utc", "limit": 1}))
+        .await["payload"]
+        .take();
+    let today = report["endDate"].as_str().expect("endDate").to_owned();
+    let zero_costs = json!({
+        "cacheRead": 0, "cacheWrite": 0, "totalCost": 0, "inputCost": 0, "outputCost": 0,
+        "cacheReadCost": 0, "cacheWriteCost": 0,
+    });
+    let totals = |input: u64, output: u64, priced: u64| {
+        let mut t = zero_costs.clone();
+        t["input"] = json!(input);
+        t["output"] = json!(output);
+        t["totalTokens"] = json!(input + output);
+        t["missingCostEntries"] = json!(priced);
+        t
+    };
+    assert_eq!(report["totals"], totals(6, 6, 3), "{report}");
+    assert_eq!(report["creatorOptions"], json!([{"key": "[\"unknown\"]"}]));
+    // One row asked: the most recently updated session.
+    let rows = report["sessions"].as_array().expect("sessions");
+    assert_eq!(rows.len(), 1, "{report}");
+    let row = &rows[0];
+    assert_eq!(row["key"], "agent:main:usage-b");
+    assert_eq!(
+        (&row["scope"], &row["agentId"], &row["creatorKey"]),
+        (&json!("instance"), &json!("main"), &json!("[\"unknown\"]"))
+    );
+    assert_eq!(
+        (&row["modelProvider"], &row["model"]),
+        (&json!("stub"), &json!("stub"))
+    );
+    let usage = &row["usage"];
+    let first = usage["firstActivity"].as_i64().expect("firstActivity");
+    let last = usage["lastActivity"].as_i64().expect("lastActivity");
+    let mut expected = totals(1, 1, 1);
+    let day_totals = {
+        let mut day = totals(1, 1, 1);
+        day["date"] = json!(today);
+        day["tokens"] = json!(2);
+        day["cost"] = json!(0);
+        day
+    };
+    let counts = json!({"total": 2, "user": 1, "assistant": 1, "toolCalls": 0, "toolResults": 0, "errors": 0});
+    let mut day_counts = counts.clone();
+    day_counts["date"] = json!(today);
+    for (field, value) in [
+        ("sessionId", row["sessionId"].clone()),
+        ("firstActivity", json!(first)),
+        ("lastActivity", json!(last)),
+        ("durationMs", json!(last - first)),
+        ("activityDates", json!([today])),
+        ("dailyBreakdown", json!([day_totals])),
+        ("dailyMessageCounts", json!([day_counts])),
+        (
+            "dailyModelUsage",
+            json!([{"date": today, "provider": "stub", "model": "stub", "tokens": 2, "cost": 0, "count": 1}]),
+        ),
+        ("messageCounts", counts),
+        (
+            "toolUsage",
+            json!({"totalCalls": 0, "uniqueTools": 0, "tools": []}),
+        ),
+        (
+            "modelUsage",
+            json!([{"provider": "stub", "model": "stub", "count": 1, "totals": totals(1, 1, 1)}]),
+        ),
+    ] {
+        expected[field] = value;
+    }
+    assert_eq!(*usage, expected, "{report}");
+    let aggregates = &report["aggregates"];
+    assert_eq!(aggregates["sessionCount"], 2, "{aggregates}");
+    assert_eq!(
+        aggregates["messages"],
+        json!({"total": 6, "user": 3, "assistant": 3, "toolCalls": 0, "toolResults": 0, "errors": 0})
+    );
+    assert_eq!(
+        aggregates["byModel"],
+        json!([{"provider": "stub", "model": "stub", "count": 3, "totals": totals(6, 6, 3)}])
+    );
+    assert_eq!(
+        aggregates["daily"],
+        json!([{"date": today, "tokens": 12, "cost": 0, "messages": 6, "toolCalls": 0, "errors": 0}])
+    );
+    assert_eq!(
+        aggregates["byAgent"],
+        json!([{"agentId": "main", "totals": totals(6, 6, 3)}])
+    );
+
+    // One session by key; a range before today holds nothing.
+    let one = client
+        .request("sessions.usage", json!({"key": "usage-a"}))
+        .await["payload"]
+        .take();
+    assert_eq!(one["totals"], totals(5, 5, 2), "{one}");
+    let before = client
+        .request(
+            "sessions.usage",
+            json!({"startDate": "2020-01-01", "endDate": "2020-01-31"}),
+        )
+        .await["payload"]
+        .take();
+    assert_eq!(
+        (&before["sessions"], &before["totals"], &before["startDate"]),
+        (&json!([]), &totals(0, 0, 0), &json!("2020-01-01"))
+    );
+    let wrong = client
+        .request(
+            "sessions.usage",
+            json!({"agentScope": "all", "key": "usage-a"}),
+        )
+        .await;
+    assert_eq!(
+        wrong["error"]["message"],
+        "agentScope=all cannot be combined with key or agentId"
+    );
+
+    let series = client
+        .request("sessions.usage.timeseries", json!({"key": "usage-a"}))
+        .await["payload"]
+        .take();
+    let points = series["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "{series}");
+    assert_eq!(
+        (
+            &points[0]["totalTokens"],
+            &points[1]["totalTokens"],
+            &points[1]["cumulativeTokens"]
+        ),
+        (&json!(6), &json!(4), &json!(10))
+    );
+    let logs = client
+        .request("sessions.usage.logs", json!({"key": "usage-a"}))
+        .await["payload"]
+        .take();
+    let lines: Vec<(String, String, Value)> = logs["logs"]
+        .as_array()
+        .expect("logs")
+        .iter()
+        .map(|l| {
+            (
+                l["role"].as_str().unwrap().to_owned(),
+                l["content"].as_str().unwrap().to_owned(),
+                l["tokens"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(lines.len(), 4, "{logs}");
+    assert_eq!(
+        lines[0],
+        ("user".into(), "one two three".into(), Value::Null)
+    );
+    assert_eq!(lines[1].0, "assistant");
+    assert_eq!(lines[1].2, json!(6));
+    let missing = client
+        .request("sessions.usage.logs", json!({"key": "nobody"}))
+        .await;
+    assert_eq!(
+        missing["error"]["message"],
+        "No transcript found for session: nobody"
+    );
+    system.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_from_transcripts_embedded() {
+    usage_from_transcripts(clawgate_system_tests::sandbox::Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_from_transcripts_postgres() {
+    usage_from_transcripts(clawgate_system_tests::sandbox::Backend::Postgres).await;
 }

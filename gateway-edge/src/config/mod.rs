@@ -257,6 +257,13 @@ pub struct EdgeConfig {
     /// retryable.
     #[arg(long, env = "EDGE_MAX_RESUMES", default_value_t = 16)]
     pub max_resumes: usize,
+    /// Sessions one usage report (`sessions.usage`) reads, the most
+    /// recently updated first; the report says so when it stopped there.
+    #[arg(long, env = "EDGE_USAGE_MAX_SESSIONS", default_value_t = 1000)]
+    pub usage_max_sessions: u32,
+    /// Transcript entries one usage report reads, over all its sessions.
+    #[arg(long, env = "EDGE_USAGE_MAX_ENTRIES", default_value_t = 100_000)]
+    pub usage_max_entries: u32,
     /// Users whose Control UI preferences (`users.prefs.*`) the edge keeps
     /// in memory; a new user's first preference past it is refused
     /// `UNAVAILABLE`. A connection without a device is its own user and

@@ -176,13 +176,7 @@ pub(super) async fn web_search_status(call: &Call<'_>) -> Answer {
         .optional_non_empty("agentId")
         .map_err(fail)?
         .unwrap_or(AGENT_ID);
-    let runtime = call
-        .edge
-        .backends
-        .coordinator
-        .describe_runtime()
-        .await
-        .map_err(super::backend_error)?;
+    let runtime = super::catalog::runtime_info(call.edge).await?;
     let named = (
         params.optional_non_empty("modelProvider").map_err(fail)?,
         params.optional_non_empty("modelId").map_err(fail)?,

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use run_coordinator_api::model::{ModelCatalog, ModelInfo};
+use run_coordinator_api::model::{ModelCatalog, ModelInfo, RuntimeInfo};
 use serde_json::{Value, json};
 
 use super::{Answer, backend_error, fail};
@@ -20,13 +20,18 @@ use crate::state::Edge;
 pub(super) async fn runtime_catalog(
     edge: &Arc<Edge>,
 ) -> Result<ModelCatalog, (ErrorShape, Option<Value>)> {
-    let runtime = edge
-        .backends
+    Ok(runtime_info(edge).await?.catalog)
+}
+
+/// The runtime the coordinators execute runs through, and its models.
+pub(super) async fn runtime_info(
+    edge: &Arc<Edge>,
+) -> Result<RuntimeInfo, (ErrorShape, Option<Value>)> {
+    edge.backends
         .coordinator
         .describe_runtime()
         .await
-        .map_err(backend_error)?;
-    Ok(runtime.catalog)
+        .map_err(backend_error)
 }
 
 /// `provider/id`, the protocol's model reference.

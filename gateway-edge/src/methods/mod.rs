@@ -29,6 +29,8 @@ mod sessions;
 mod surfaces;
 mod table;
 pub mod trace;
+mod usage;
+mod usage_rollup;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{Answer, Call};
 use super::{absent, agent, catalog, chat, health, history, runs, session_list, session_settings};
-use super::{diagnostics, logs, preview, sessions, surfaces};
+use super::{diagnostics, logs, preview, sessions, surfaces, usage};
 use crate::auth::registry;
 use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
 use crate::events::presence;
@@ -250,6 +250,10 @@ method_table! {
     "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
     "sessions.preview" (hidden), R, Closed(preview::SESSIONS_PREVIEW_KEYS) => |call| preview::sessions_preview(call);
     "sessions.get" (hidden), R, Closed(preview::SESSIONS_GET_KEYS) => |call| preview::sessions_get(call);
+    "usage.status" (hidden), R, Ignored => |_call| usage::usage_status();
+    "sessions.usage" (hidden), R, Closed(usage::SESSIONS_USAGE_KEYS) => |call| usage::sessions_usage(call);
+    "sessions.usage.timeseries" (hidden), R, Closed(usage::USAGE_DETAIL_KEYS) => |call| usage::sessions_usage_timeseries(call);
+    "sessions.usage.logs" (hidden), R, Closed(usage::USAGE_DETAIL_KEYS) => |call| usage::sessions_usage_logs(call);
     "diagnostics.lanes" (hidden), R, Ignored => |call| diagnostics::diagnostics_lanes(call);
     "exec.approvals.get" (hidden), A, Closed(&[]) => |_call| absent::exec_approvals_get();
     "themes.list" (hidden), R, Closed(&[]) => |_call| absent::themes_list();

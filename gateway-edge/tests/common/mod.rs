@@ -218,6 +218,10 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "config.schema.lookup"
         | "themes.list"
         | "diagnostics.lanes"
+        | "usage.status"
+        | "sessions.usage"
+        | "sessions.usage.timeseries"
+        | "sessions.usage.logs"
         | "plugins.catalog.browse" => Some(READ),
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
