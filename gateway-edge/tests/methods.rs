@@ -419,6 +419,11 @@ async fn absent_features_answer_empty() {
             json!({"grants": []}),
         ),
         (
+            "migrations.memory.plan",
+            json!({"agentId": "main", "overwrite": false}),
+            json!({"agentId": "main", "workspace": "clawgate", "providers": []}),
+        ),
+        (
             "exec.approvals.get",
             json!({}),
             json!({
@@ -519,6 +524,25 @@ async fn absent_features_answer_empty() {
     assert_eq!(entries[0]["mode"], "gateway");
     assert_eq!(entries[0]["reason"], "self");
     assert_eq!(entries[1]["mode"], "cli", "{presence}");
+    // The workshop's manifest is stamped with the time it was read.
+    let mut manifest = client
+        .request("skills.proposals.list", json!({"agentId": "main"}))
+        .await["payload"]
+        .take();
+    let stamp = manifest["updatedAt"].take();
+    assert!(
+        stamp
+            .as_str()
+            .is_some_and(|s| s.len() == 24 && s.ends_with('Z')),
+        "{stamp}"
+    );
+    assert_eq!(
+        manifest,
+        json!({
+            "schema": "openclaw.skill-workshop.proposals-manifest.v1", "updatedAt": null,
+            "proposals": [], "installedSkills": [],
+        })
+    );
     // Their params are OpenClaw's, closed.
     let extra = client
         .request("worktrees.list", json!({"repoRoot": "/"}))
@@ -912,12 +936,16 @@ async fn usage_from_transcripts(backend: clawgate_system_tests::sandbox::Backend
     assert_eq!(lines[1].0, "assistant");
     assert_eq!(lines[1].2, json!(6));
     let missing = client
-        .request("sessions.usage.logs", json!({"key": "nobody"}))
+        .request("sessions.usage.timeseries", json!({"key": "nobody"}))
         .await;
     assert_eq!(
         missing["error"]["message"],
         "No transcript found for session: nobody"
     );
+    let no_lines = client
+        .request("sessions.usage.logs", json!({"key": "nobody"}))
+        .await;
+    assert_eq!(no_lines["payload"], json!({"logs": []}));
     system.stop.cancel();
 }
 

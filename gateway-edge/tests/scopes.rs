@@ -73,6 +73,8 @@ fn valid_params(method: &str, tag: &str) -> Value {
         "sessions.get" => json!({"key": "scopes-history"}),
         "config.schema.lookup" => json!({"path": "plugins.entries.memory.config"}),
         "sessions.patch" => json!({"key": format!("scopes-patch-{tag}"), "pinned": true}),
+        "migrations.memory.plan" => json!({"agentId": "main"}),
+        "sessions.usage.timeseries" | "sessions.usage.logs" => json!({"key": "scopes-history"}),
         // Every other method's params are all optional.
         _ => json!({}),
     }
@@ -204,6 +206,12 @@ async fn every_served_method_against_every_scope() {
                 if *method == "runs.resume" {
                     assert_eq!(res["error"]["code"], "INVALID_REQUEST", "{res}");
                     assert_eq!(res["error"]["details"]["code"], "RESUME_UNAVAILABLE");
+                } else if *method == "sessions.usage.timeseries" {
+                    // As OpenClaw's: a session without a transcript has none.
+                    assert_eq!(
+                        res["error"]["message"], "No transcript found for session: scopes-history",
+                        "{res}"
+                    );
                 } else {
                     assert_eq!(res["ok"], true, "{method} with {held:?}: {res}");
                 }
@@ -290,8 +298,8 @@ async fn unknown_and_unserved_methods() {
 /// (openclaw 2026.9.6, `CORE_GATEWAY_METHOD_SPECS`), written from the spec
 /// rather than read from the edge.
 const UNSERVED: &[(&str, &str)] = &[
-    ("sessions.usage", READ),
-    ("diagnostics.lanes", READ),
+    ("usage.cost", READ),
+    ("tasks.get", READ),
     ("agents.files.list", READ),
     ("doctor.memory.dreamDiary", READ),
     ("voicewake.routing.get", READ),

@@ -224,6 +224,20 @@ pub(super) async fn themes_list() -> Answer {
     }))
 }
 
+/// The skill workshop holds no proposals and no skills of its own.
+pub(super) async fn skills_proposals_list() -> Answer {
+    Ok(json!({
+        "schema": "openclaw.skill-workshop.proposals-manifest.v1",
+        "updatedAt": super::usage_rollup::iso_utc(now_ms()), "proposals": [], "installedSkills": [],
+    }))
+}
+
+/// No memory provider can be imported from: an empty plan for the agent.
+pub(super) async fn migrations_memory_plan(call: &Call<'_>) -> Answer {
+    let agent_id = call.params.required_non_empty("agentId").map_err(fail)?;
+    Ok(json!({ "agentId": agent_id, "workspace": "clawgate", "providers": [] }))
+}
+
 /// The schema of any config path: nothing there can be set. This gateway
 /// has no OpenClaw config (`config.get` answers an empty one); it is
 /// configured by flags and environment.

@@ -250,6 +250,8 @@ method_table! {
     "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
     "sessions.preview" (hidden), R, Closed(preview::SESSIONS_PREVIEW_KEYS) => |call| preview::sessions_preview(call);
     "sessions.get" (hidden), R, Closed(preview::SESSIONS_GET_KEYS) => |call| preview::sessions_get(call);
+    "skills.proposals.list" (hidden), R, Closed(&["agentId"]) => |_call| absent::skills_proposals_list();
+    "migrations.memory.plan" (hidden), A, Closed(&["agentId", "overwrite"]) => |call| absent::migrations_memory_plan(call);
     "usage.status" (hidden), R, Ignored => |_call| usage::usage_status();
     "sessions.usage" (hidden), R, Closed(usage::SESSIONS_USAGE_KEYS) => |call| usage::sessions_usage(call);
     "sessions.usage.timeseries" (hidden), R, Closed(usage::USAGE_DETAIL_KEYS) => |call| usage::sessions_usage_timeseries(call);

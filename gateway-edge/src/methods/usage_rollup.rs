@@ -158,6 +158,20 @@ impl Calendar {
     }
 }
 
+/// The instant `ms` as ISO 8601 in UTC, to the millisecond
+/// (`2026-12-05T15:04:05.123Z`).
+pub(super) fn iso_utc(ms: i64) -> String {
+    let time = ms.rem_euclid(DAY_MS);
+    let (h, m, s, milli) = (
+        time / 3_600_000,
+        time / 60_000 % 60,
+        time / 1000 % 60,
+        time % 1000,
+    );
+    let date = Calendar { offset_ms: 0 }.date(ms);
+    format!("{date}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date.
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -415,5 +429,9 @@ mod tests {
         assert_eq!(india.date(start), "2026-12-05");
         assert_eq!(india.date(start - 1), "2026-12-04");
         assert_eq!(india.today_start(start + 5), start);
+        assert_eq!(
+            iso_utc(951_782_400_000 + 3_723_004),
+            "2000-02-29T01:02:03.004Z"
+        );
     }
 }

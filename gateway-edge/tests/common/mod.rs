@@ -219,6 +219,7 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "themes.list"
         | "diagnostics.lanes"
         | "usage.status"
+        | "skills.proposals.list"
         | "sessions.usage"
         | "sessions.usage.timeseries"
         | "sessions.usage.logs"
