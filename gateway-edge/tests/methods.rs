@@ -419,6 +419,11 @@ async fn absent_features_answer_empty() {
             json!({"grants": []}),
         ),
         (
+            "artifacts.list",
+            json!({"sessionKey": "main", "messageRole": "assistant"}),
+            json!({"artifacts": []}),
+        ),
+        (
             "migrations.memory.plan",
             json!({"agentId": "main", "overwrite": false}),
             json!({"agentId": "main", "workspace": "clawgate", "providers": []}),

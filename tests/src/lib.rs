@@ -20,6 +20,7 @@ pub mod fault_proxy;
 pub mod fuzz_seeds;
 pub mod journal;
 pub mod kube;
+pub mod openai_stub;
 pub mod pg_cluster;
 pub mod postgres;
 pub mod process;

@@ -250,6 +250,9 @@ method_table! {
     "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
     "sessions.preview" (hidden), R, Closed(preview::SESSIONS_PREVIEW_KEYS) => |call| preview::sessions_preview(call);
     "sessions.get" (hidden), R, Closed(preview::SESSIONS_GET_KEYS) => |call| preview::sessions_get(call);
+    // Attachments stay in the transcripts (the chat shows them); no artifact
+    // index is kept, so none is listed.
+    "artifacts.list" (hidden), R, Closed(&["sessionKey", "runId", "taskId", "agentId", "messageRole", "type", "limit", "cursor"]) => |_call| surfaces::constant(json!({ "artifacts": [] }));
     "skills.proposals.list" (hidden), R, Closed(&["agentId"]) => |_call| absent::skills_proposals_list();
     "migrations.memory.plan" (hidden), A, Closed(&["agentId", "overwrite"]) => |call| absent::migrations_memory_plan(call);
     "usage.status" (hidden), R, Ignored => |_call| usage::usage_status();

@@ -220,6 +220,7 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "diagnostics.lanes"
         | "usage.status"
         | "skills.proposals.list"
+        | "artifacts.list"
         | "sessions.usage"
         | "sessions.usage.timeseries"
         | "sessions.usage.logs"
