@@ -533,8 +533,9 @@ async fn attachments_reach_the_runtime_and_the_transcript() {
 }
 
 /// Tool events (`agent` stream `tool`) go only to connections that asked
-/// for them with the `tool-events` cap; every reader gets the rest of the
-/// run, in the same order.
+/// for them with the `tool-events` cap, and as `session.tool` to those that
+/// subscribed to sessions; every reader gets the rest of the run, in the
+/// same order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_events_reach_only_connections_with_the_tool_events_cap() {
     let system = system().await;
@@ -544,6 +545,9 @@ async fn tool_events_reach_only_connections_with_the_tool_events_cap() {
     let (mut capped, res) = connect_with(&url, params).await;
     assert_eq!(res["ok"], true, "{res}");
     let mut plain = Client::connect(&url, &[READ]).await;
+    let mut subscriber = Client::connect(&url, &[READ]).await;
+    let subscribed = subscriber.request("sessions.subscribe", json!({})).await;
+    assert_eq!(subscribed["ok"], true, "{subscribed}");
     let sent = capped
         .request(
             "chat.send",
@@ -558,6 +562,7 @@ async fn tool_events_reach_only_connections_with_the_tool_events_cap() {
     };
     capped.event(is_final).await;
     plain.event(is_final).await;
+    subscriber.event(is_final).await;
     let tool_phases = |client: &Client| -> Vec<String> {
         client
             .received
@@ -583,6 +588,28 @@ async fn tool_events_reach_only_connections_with_the_tool_events_cap() {
         "{phases:?}"
     );
     assert!(tool_phases(&plain).is_empty(), "{:?}", tool_phases(&plain));
+    // The subscriber saw the same tool events as `session.tool`, and only
+    // those.
+    let session_tool: Vec<&Value> = subscriber
+        .received
+        .iter()
+        .filter(|f| f["event"] == "session.tool")
+        .collect();
+    let capped_tool: Vec<&Value> = capped
+        .received
+        .iter()
+        .filter(|f| f["event"] == "agent" && f["payload"]["stream"] == "tool")
+        .collect();
+    assert_eq!(session_tool.len(), capped_tool.len(), "{session_tool:?}");
+    for (seen, tool) in session_tool.iter().zip(&capped_tool) {
+        assert_eq!(seen["payload"], tool["payload"]);
+        assert!(seen.get("seq").is_none(), "targeted: {seen}");
+    }
+    assert!(tool_phases(&subscriber).is_empty());
+    assert!(
+        !plain.received.iter().any(|f| f["event"] == "session.tool"),
+        "only to subscribers"
+    );
     // Both saw the same run otherwise: its other events, in order.
     let others = |client: &Client| -> Vec<(String, String)> {
         client

@@ -2,6 +2,7 @@
 
 mod common;
 
+use clawgate_system_tests::sandbox::Backend;
 use common::*;
 use serde_json::{Value, json};
 
@@ -624,11 +625,29 @@ async fn logs_tail_reads_the_recent_lines_after_a_cursor() {
     system.stop.cancel();
 }
 
-/// `sessions.preview`: the last user and assistant texts of each session
-/// asked, from the store.
+/// A sandbox with the stub runtime, its store on `backend`.
+async fn system_on(backend: Backend) -> clawgate_system_tests::sandbox::Sandbox {
+    clawgate_system_tests::sandbox::Sandbox::builder()
+        .backend(backend)
+        .runtime(common::StubRuntime::new())
+        .start()
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_preview_shows_the_last_texts() {
-    let system = system().await;
+async fn sessions_preview_shows_the_last_texts_embedded() {
+    sessions_preview_shows_the_last_texts(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_preview_shows_the_last_texts_postgres() {
+    sessions_preview_shows_the_last_texts(Backend::Postgres).await;
+}
+
+/// `sessions.preview`: the last user and assistant texts of each session
+/// asked, from the store on `backend` (and `sessions.get`).
+async fn sessions_preview_shows_the_last_texts(backend: Backend) {
+    let system = system_on(backend).await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.write"]).await;
     for (n, message) in ["first question", "second question"].iter().enumerate() {
@@ -757,12 +776,8 @@ async fn diagnostics_lanes_show_the_cap_and_the_session_lanes() {
 /// is the runtime's own), which the transcript keeps; `sessions.usage`
 /// sums it per session and over sessions, `.timeseries` and `.logs` show
 /// one session's, `usage.status` lists no provider windows.
-async fn usage_from_transcripts(backend: clawgate_system_tests::sandbox::Backend) {
-    let system = clawgate_system_tests::sandbox::Sandbox::builder()
-        .backend(backend)
-        .runtime(common::StubRuntime::new())
-        .start()
-        .await;
+async fn usage_from_transcripts(backend: Backend) {
+    let system = system_on(backend).await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.admin"]).await;
     for (key, message, run) in [
@@ -956,10 +971,10 @@ async fn usage_from_transcripts(backend: clawgate_system_tests::sandbox::Backend
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_from_transcripts_embedded() {
-    usage_from_transcripts(clawgate_system_tests::sandbox::Backend::Embedded).await;
+    usage_from_transcripts(Backend::Embedded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_from_transcripts_postgres() {
-    usage_from_transcripts(clawgate_system_tests::sandbox::Backend::Postgres).await;
+    usage_from_transcripts(Backend::Postgres).await;
 }

@@ -185,6 +185,13 @@ fn example(method: &str, session_id: &str) -> Value {
         "tools.github.status" => json!({ "agentId": "main", "selectedScope": "system" }),
         "config.schema.lookup" => json!({ "path": "plugins.entries.memory.config" }),
         "sessions.get" => json!({ "key": "main", "limit": 5, "agentId": "main" }),
+        "migrations.memory.plan" => json!({ "agentId": "main", "overwrite": true }),
+        "sessions.usage" => json!({
+            "key": "main", "startDate": "2026-01-01", "endDate": "2026-12-31", "mode": "specific",
+            "utcOffset": "UTC+5:30", "limit": 10, "includeContextWeight": false,
+        }),
+        "sessions.usage.timeseries" => json!({ "key": "main" }),
+        "sessions.usage.logs" => json!({ "key": "main", "limit": 10 }),
         "sessions.preview" => {
             json!({ "keys": ["main", "agent:main:other"], "limit": 3, "maxChars": 100 })
         }

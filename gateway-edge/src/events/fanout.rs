@@ -14,6 +14,7 @@ pub const SERVED_EVENTS: &[&str] = &[
     "chat",
     "sessions.changed",
     "session.message",
+    "session.tool",
     "presence",
     "tick",
     "health",
@@ -22,7 +23,8 @@ pub const SERVED_EVENTS: &[&str] = &[
 
 /// Delivers the protocol events of one run event to one connection, by the
 /// v4 rules: run events need `operator.read`; tool events only with the
-/// `tool-events` cap; `sessions.changed` only to subscribers; a run the
+/// `tool-events` cap; `sessions.changed` and `session.tool` only to
+/// subscribers; a run the
 /// connection resumes comes through its resume stream instead. `segment`
 /// numbers the contiguous stretches of the coordinators' all-runs streams
 /// (across all of them, `fanin.rs`).

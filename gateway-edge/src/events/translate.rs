@@ -302,9 +302,16 @@ impl RunMemory {
                 }
                 data[data_key] =
                     serde_json::from_str(data_json).unwrap_or_else(|_| json!(data_json));
+                let payload = agent("tool", data);
+                // The same, as `session.tool`, to `sessions.subscribe`rs.
+                out.push(Outgoing {
+                    sessions_only: true,
+                    droppable: true,
+                    ..plain("session.tool", payload.clone())
+                });
                 out.push(Outgoing {
                     tool_stream: true,
-                    ..plain("agent", agent("tool", data))
+                    ..plain("agent", payload)
                 });
             }
             EventBody::Status { .. } => {}
