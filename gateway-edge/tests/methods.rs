@@ -649,7 +649,7 @@ async fn sessions_preview_shows_the_last_texts_postgres() {
 async fn sessions_preview_shows_the_last_texts(backend: Backend) {
     let system = system_on(backend).await;
     let (url, _) = system.edge(system.edge_config()).await;
-    let mut client = Client::connect(&url, &["operator.write"]).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
     for (n, message) in ["first question", "second question"].iter().enumerate() {
         let key = format!("p-{n}");
         client
@@ -695,6 +695,57 @@ async fn sessions_preview_shows_the_last_texts(backend: Backend) {
         got["payload"]["messages"][1]["content"][0]["text"],
         "second question"
     );
+    // chat.message.get: one message by the id history gave it, cut to
+    // maxChars; also once a reset replaced its transcript.
+    let second = &history["payload"]["messages"][1];
+    let id = second["__openclaw"]["id"].as_str().expect("a message id");
+    let one = client
+        .request(
+            "chat.message.get",
+            json!({"sessionKey": "preview", "messageId": id}),
+        )
+        .await;
+    assert_eq!(one["payload"], json!({"ok": true, "message": second}));
+    let short = client
+        .request(
+            "chat.message.get",
+            json!({"sessionKey": "preview", "messageId": id, "maxChars": 6}),
+        )
+        .await;
+    let mut cut_message = second.clone();
+    cut_message["content"][0]["text"] = json!("second");
+    assert_eq!(
+        short["payload"],
+        json!({"ok": true, "message": cut_message})
+    );
+    let reset = client
+        .request("sessions.reset", json!({"key": "preview"}))
+        .await;
+    assert_eq!(reset["ok"], true, "{reset}");
+    let archived = client
+        .request(
+            "chat.message.get",
+            json!({"sessionKey": "preview", "messageId": id}),
+        )
+        .await;
+    assert_eq!(archived["payload"], json!({"ok": true, "message": second}));
+    for (key, message_id) in [
+        ("preview", format!("{}:999", id.rsplit_once(':').unwrap().0)),
+        ("preview", "not-an-id".to_owned()),
+        ("nobody", id.to_owned()),
+    ] {
+        let missing = client
+            .request(
+                "chat.message.get",
+                json!({"sessionKey": key, "messageId": message_id}),
+            )
+            .await;
+        assert_eq!(
+            missing["payload"],
+            json!({"ok": false, "unavailableReason": "not_found"}),
+            "{key} {message_id}"
+        );
+    }
     let nobody = client
         .request("sessions.get", json!({"key": "nobody"}))
         .await;

@@ -186,6 +186,7 @@ fn example(method: &str, session_id: &str) -> Value {
         "config.schema.lookup" => json!({ "path": "plugins.entries.memory.config" }),
         "sessions.get" => json!({ "key": "main", "limit": 5, "agentId": "main" }),
         "migrations.memory.plan" => json!({ "agentId": "main", "overwrite": true }),
+        "chat.message.get" => json!({ "sessionKey": "main", "messageId": "x:1", "maxChars": 10 }),
         "sessions.usage" => json!({
             "key": "main", "startDate": "2026-01-01", "endDate": "2026-12-31", "mode": "specific",
             "utcOffset": "UTC+5:30", "limit": 10, "includeContextWeight": false,

@@ -74,6 +74,7 @@ fn valid_params(method: &str, tag: &str) -> Value {
         "config.schema.lookup" => json!({"path": "plugins.entries.memory.config"}),
         "sessions.patch" => json!({"key": format!("scopes-patch-{tag}"), "pinned": true}),
         "migrations.memory.plan" => json!({"agentId": "main"}),
+        "chat.message.get" => json!({"sessionKey": "scopes-history", "messageId": "x:1"}),
         "sessions.usage.timeseries" | "sessions.usage.logs" => json!({"key": "scopes-history"}),
         // Every other method's params are all optional.
         _ => json!({}),

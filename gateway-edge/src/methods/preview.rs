@@ -1,6 +1,7 @@
-//! Reads of sessions' recent transcripts from the store: `sessions.preview`
-//! (the last user and assistant texts of sessions, for list previews) and
-//! `sessions.get` (a session's recent messages).
+//! Reads of sessions' transcripts from the store: `sessions.preview` (the
+//! last user and assistant texts of sessions, for list previews),
+//! `sessions.get` (a session's recent messages) and `chat.message.get` (one
+//! message by its id, also from a transcript a reset replaced).
 
 use clawgate_common::clock::now_ms;
 use serde_json::{Value, json};
@@ -8,10 +9,18 @@ use session_store_api::model::{HistoryCursor, HistoryQuery};
 use session_store_api::{SessionKey, SessionStore, StoreError};
 
 use super::{Answer, Call, fail, key_for, store_error};
-use crate::protocol::transcript::transcript_message;
+use crate::protocol::transcript::{parse_message_id, transcript_message};
 
 pub(super) const SESSIONS_PREVIEW_KEYS: &[&str] = &["keys", "limit", "maxChars"];
 pub(super) const SESSIONS_GET_KEYS: &[&str] = &["key", "sessionKey", "limit", "agentId"];
+pub(super) const CHAT_MESSAGE_GET_KEYS: &[&str] =
+    &["sessionKey", "agentId", "messageId", "maxChars"];
+
+/// OpenClaw's bounds of `chat.message.get`: the characters of each text
+/// part (the most, and by default), and the largest message it answers.
+const MAX_MESSAGE_CHARS: u64 = 2_000_000;
+const DEFAULT_MESSAGE_CHARS: u64 = 1_000_000;
+const MAX_MESSAGE_BYTES: usize = 26_213_376;
 
 /// `sessions.get`'s messages by default, as OpenClaw's.
 const DEFAULT_MESSAGES: u64 = 200;
@@ -102,6 +111,69 @@ pub(super) async fn sessions_get(call: &Call<'_>) -> Answer {
         .map(|entry| transcript_message(&id, entry))
         .collect();
     Ok(json!({ "messages": messages }))
+}
+
+pub(super) async fn chat_message_get(call: &Call<'_>) -> Answer {
+    let params = &call.params;
+    let raw = params.required_non_empty("sessionKey").map_err(fail)?;
+    super::sessions::check_agent(params)?;
+    let message_id = params.required_non_empty("messageId").map_err(fail)?;
+    let chars = params
+        .integer("maxChars", 1, MAX_MESSAGE_CHARS)
+        .map_err(fail)?
+        .unwrap_or(DEFAULT_MESSAGE_CHARS) as usize;
+    let key = key_for(&call.request.method, raw)?;
+    let unavailable = |reason: &str| Ok(json!({ "ok": false, "unavailableReason": reason }));
+    let store = &call.edge.backends.store;
+    let (Some(session), Some((transcript, seq))) = (
+        store.get_session(&key).await.map_err(store_error)?,
+        parse_message_id(message_id),
+    ) else {
+        return unavailable("not_found");
+    };
+    let page = store
+        .history(HistoryQuery {
+            key,
+            limit: 1,
+            cursor: HistoryCursor::After(seq - 1),
+            max_chars: None,
+            session_id: transcript.or(Some(session.session_id)),
+        })
+        .await
+        .map_err(store_error)?;
+    let id = page.session_id.map(|id| id.to_string()).unwrap_or_default();
+    match page.entries.first() {
+        Some(entry) if entry.seq == seq => {
+            let mut message = transcript_message(&id, entry);
+            cut_texts(&mut message, chars);
+            if message.to_string().len() > MAX_MESSAGE_BYTES {
+                return unavailable("oversized");
+            }
+            Ok(json!({ "ok": true, "message": message }))
+        }
+        // The entry is there but over a page's budget.
+        None if page.has_more => unavailable("oversized"),
+        _ => unavailable("not_found"),
+    }
+}
+
+/// Cuts every text part of `message` to `chars` characters.
+fn cut_texts(message: &mut Value, chars: usize) {
+    let cut = |text: &mut Value| {
+        if let Some(t) = text.as_str()
+            && let Some((at, _)) = t.char_indices().nth(chars)
+        {
+            *text = json!(t[..at].to_owned());
+        }
+    };
+    match &mut message["content"] {
+        Value::Array(parts) => parts
+            .iter_mut()
+            .filter_map(|part| part.get_mut("text"))
+            .for_each(cut),
+        text @ Value::String(_) => cut(text),
+        _ => {}
+    }
 }
 
 /// The session's last `items` texts, oldest first (`None`: no session).

@@ -249,6 +249,7 @@ method_table! {
     // No cron job has standing exec grants: there are no cron jobs.
     "exec.approval.grants.list" (hidden), Scope::Fixed(APPROVALS), Closed(&["limit"]) => |_call| surfaces::constant(json!({ "grants": [] }));
     "sessions.preview" (hidden), R, Closed(preview::SESSIONS_PREVIEW_KEYS) => |call| preview::sessions_preview(call);
+    "chat.message.get" (hidden), R, Closed(preview::CHAT_MESSAGE_GET_KEYS) => |call| preview::chat_message_get(call);
     "sessions.get" (hidden), R, Closed(preview::SESSIONS_GET_KEYS) => |call| preview::sessions_get(call);
     // Attachments stay in the transcripts (the chat shows them); no artifact
     // index is kept, so none is listed.

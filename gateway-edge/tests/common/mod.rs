@@ -215,6 +215,7 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         | "last-heartbeat"
         | "sessions.preview"
         | "sessions.get"
+        | "chat.message.get"
         | "config.schema.lookup"
         | "themes.list"
         | "diagnostics.lanes"
