@@ -318,6 +318,20 @@ async fn an_internal_caller_bound_to_a_prefix_acts_on_its_sessions_only() {
         run_record(&cluster, "b-2").await.is_none(),
         "nothing admitted"
     );
+    // A run id another session took: its KEY_REUSED would show that run.
+    let taken = coordinator_pb::SubmitRequest {
+        run_id: "p-1".into(),
+        session_key: "agent:billing:invoice-7".into(),
+        kind: "agent".into(),
+        message: "mine now?".into(),
+        ..Default::default()
+    };
+    let refused = coordinator
+        .submit(with_token(taken, bound))
+        .await
+        .unwrap_err();
+    assert!(!refused.message().contains("payroll"), "{refused:?}");
+    denied(refused);
 
     let by_run = Some(coordinator_pb::cancel_request::Target::RunId("p-1".into()));
     let by_session = Some(coordinator_pb::cancel_request::Target::SessionKey(

@@ -6,8 +6,13 @@
 //! before the coordinator acts, because the auth layer sees no session: a
 //! run id's session is the coordinator's to know. A run of another session
 //! and an unknown run are refused alike, so the refusal tells nothing of
-//! runs the caller may not see. Callers bound to no prefix are not checked.
+//! runs the caller may not see; nor does a Submit whose run id another
+//! session took (its `KEY_REUSED` would carry that run). Callers bound to no
+//! prefix are not checked.
 
+use run_coordinator_api::error::{CoordinatorError, CoordinatorResult};
+use run_coordinator_api::grpc::status::to_status;
+use run_coordinator_api::model::Submitted;
 use session_store_api::SessionKey;
 use tonic::{Request, Status};
 
@@ -44,13 +49,31 @@ impl Bound {
 
     /// Refuses a run of a session outside the prefix, or one unknown.
     pub async fn check_run(&self, coordinator: &Coordinator, run_id: &str) -> Result<(), Status> {
-        let run = coordinator
-            .get(run_id)
-            .await
-            .map_err(run_coordinator_api::grpc::status::to_status)?;
+        let run = coordinator.get(run_id).await.map_err(to_status)?;
         match run {
             Some(run) if run.session_key.as_str().starts_with(&self.0) => Ok(()),
             _ => Err(self.denied(&format!(
+                "run \"{run_id}\" is unknown or of a session this caller may not act on"
+            ))),
+        }
+    }
+
+    /// A Submit's answer, unless it would show a run of another session:
+    /// a run id taken there answers `KEY_REUSED` with that run, which is
+    /// refused here as any run of another session is.
+    pub fn screen_submit(
+        &self,
+        answer: CoordinatorResult<Submitted>,
+        run_id: &str,
+    ) -> Result<Submitted, Status> {
+        let session = match &answer {
+            Ok(submitted) => &submitted.snapshot.session_key,
+            Err(CoordinatorError::KeyReused { existing }) => &existing.session_key,
+            Err(_) => return answer.map_err(to_status),
+        };
+        match session.starts_with(&self.0) {
+            true => answer.map_err(to_status),
+            false => Err(self.denied(&format!(
                 "run \"{run_id}\" is unknown or of a session this caller may not act on"
             ))),
         }

@@ -72,10 +72,14 @@ impl GrpcRunCoordinator for RunCoordinatorService {
         self.owner()?;
         let bound = Bound::of(&request);
         let submit = submit_from_pb(request.into_inner()).map_err(to_status)?;
-        if let Some(bound) = bound {
-            bound.check_session(&submit.session_key)?;
-        }
-        let done = self.coordinator.submit(submit).await.map_err(to_status)?;
+        let done = match bound {
+            Some(bound) => {
+                bound.check_session(&submit.session_key)?;
+                let run_id = submit.run_id.clone();
+                bound.screen_submit(self.coordinator.submit(submit).await, &run_id)?
+            }
+            None => self.coordinator.submit(submit).await.map_err(to_status)?,
+        };
         Ok(Response::new(submitted_to_pb(done)))
     }
 
