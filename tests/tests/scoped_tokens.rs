@@ -239,6 +239,9 @@ async fn each_caller_kind_calls_its_own_rpcs_and_nothing_else() {
         "internal",
         &format!("{RUN_COORDINATOR}/ListActive"),
     );
+    // The router hands the refusal to its caller as one, not as a fault.
+    let refused = internal.list_active(None).await.unwrap_err();
+    assert_eq!(refused.code(), "PERMISSION_DENIED", "{refused:?}");
 
     // The coordinator's token submits nothing to a coordinator.
     let submit = coordinator_pb::SubmitRequest {
