@@ -8,7 +8,8 @@
 //! the store or listing every run, a coordinator's submitting) is refused
 //! `PERMISSION_DENIED`, naming the kind and the method, and nothing is
 //! written; an internal caller bound to a session prefix acts on its own
-//! sessions only; and no process prints a token.
+//! sessions only; every edge method that reaches the services works with
+//! the edge's token; and no process prints a token.
 
 use clawgate_proto::run_coordinator::v1 as coordinator_pb;
 use clawgate_proto::session_store::v1 as store_pb;
@@ -389,4 +390,41 @@ async fn an_internal_caller_bound_to_a_prefix_acts_on_its_sessions_only() {
         store_pb::RunStatus::Ok as i32,
         "the refused cancels changed nothing"
     );
+}
+
+/// Every edge method that reaches the store or the coordinators works with
+/// the edge's token (and the store's writes with the coordinator's): the
+/// edge's rows of the tables hold what it calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_edge_method_that_reaches_the_services_works_with_the_edges_token() {
+    let cluster = start().await;
+    let mut client = cluster.connect().await;
+    let sent = client
+        .request(
+            "agent",
+            json!({ "message": "hi", "idempotencyKey": "e-1", "sessionKey": "edge" }),
+        )
+        .await;
+    assert_eq!(sent["ok"], true, "agent: {sent}\n{}", cluster.output());
+    let calls = [
+        ("agent.wait", json!({ "runId": "e-1", "timeoutMs": 30_000 })),
+        ("chat.history", json!({ "sessionKey": "edge" })),
+        ("sessions.list", json!({})),
+        ("sessions.preview", json!({ "keys": ["edge"], "limit": 3 })),
+        ("sessions.patch", json!({ "key": "edge", "pinned": true })),
+        ("models.list", json!({})),
+        ("health", json!({})),
+        ("chat.abort", json!({ "sessionKey": "edge" })),
+        ("sessions.reset", json!({ "key": "edge" })),
+        ("sessions.delete", json!({ "key": "edge" })),
+    ];
+    for (method, params) in calls {
+        let answer = client.request(method, params).await;
+        assert_eq!(
+            answer["ok"],
+            true,
+            "{method}: {answer}\n{}",
+            cluster.output()
+        );
+    }
 }
