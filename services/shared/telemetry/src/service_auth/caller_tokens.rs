@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 
-use crate::service_auth::{
-    CallerIdentity, CallerKind, ServiceTokens, check_secret_length, constant_time_eq,
-};
+use sha2::{Digest, Sha256};
+
+use crate::service_auth::{CallerIdentity, CallerKind, ServiceTokens, check_secret_length};
 
 /// `CLAWGATE_INTERNAL_TOKENS`: comma-separated entries, each a token (the
 /// caller may act on every session) or `prefix=token` (only on sessions
@@ -57,9 +57,10 @@ impl FromStr for InternalTokens {
     }
 }
 
-/// What a server accepts: each token and the caller it names.
+/// What a server accepts: each token, kept as its SHA-256 digest (a call
+/// costs one digest, of the token it carries), and the caller it names.
 #[derive(Clone)]
-pub struct CallerTokens(Arc<[(String, CallerIdentity)]>);
+pub struct CallerTokens(Arc<[([u8; 32], CallerIdentity)]>);
 
 impl std::fmt::Debug for CallerTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,10 +74,15 @@ impl CallerTokens {
         let given = authorization
             .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
             .unwrap_or_default();
-        // Every token is compared, so the time does not tell which matched.
-        self.0.iter().fold(None, |found, (token, caller)| {
-            let matched = constant_time_eq(given, token.as_bytes());
-            found.or_else(|| matched.then(|| caller.clone()))
+        let given: [u8; 32] = Sha256::digest(given).into();
+        // Every digest is compared, in full, so the time tells neither
+        // where a token differs nor which one matched.
+        self.0.iter().fold(None, |found, (digest, caller)| {
+            let differs = digest
+                .iter()
+                .zip(&given)
+                .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+            found.or_else(|| (differs == 0).then(|| caller.clone()))
         })
     }
 }
@@ -182,7 +188,7 @@ impl CallerTokenArgs {
             CallerTokens(
                 entries
                     .into_iter()
-                    .map(|(_, token, caller)| (token, caller))
+                    .map(|(_, token, caller)| (Sha256::digest(token).into(), caller))
                     .collect(),
             )
         })
