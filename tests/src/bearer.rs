@@ -2,6 +2,7 @@
 //! call as a given caller: `authorization: Bearer <token>`, or no header.
 
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
+use clawgate_proto::session_store::v1::AcquireLeasesRequest;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -31,4 +32,16 @@ pub fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
         request.metadata_mut().insert("authorization", value);
     }
     request
+}
+
+/// What a caller that is no coordinator would send to seize the work: take
+/// partition 0's lease by force, for a member that does not exist.
+pub fn lease_grab() -> AcquireLeasesRequest {
+    AcquireLeasesRequest {
+        member: "intruder".into(),
+        address: "http://127.0.0.1:9".into(),
+        partitions: vec![0],
+        ttl_ms: 60_000,
+        steal: true,
+    }
 }

@@ -13,7 +13,7 @@
 
 use clawgate_proto::run_coordinator::v1 as coordinator_pb;
 use clawgate_proto::session_store::v1 as store_pb;
-use clawgate_system_tests::bearer::{coordinator_client, store_client, with_token};
+use clawgate_system_tests::bearer::{coordinator_client, lease_grab, store_client, with_token};
 use clawgate_system_tests::{Role, System};
 use run_coordinator_api::model::{CancelTarget, RunSpec, SubmitRequest};
 use run_coordinator_api::{Router, RouterConfig};
@@ -140,13 +140,7 @@ async fn each_caller_kind_calls_its_own_rpcs_and_nothing_else() {
 
     // The edge's token may not take leases or write a transcript.
     let mut store = store_client(cluster.store().url()).await;
-    let take = store_pb::AcquireLeasesRequest {
-        member: "intruder".into(),
-        address: "http://127.0.0.1:9".into(),
-        partitions: vec![0],
-        ttl_ms: 60_000,
-        steal: true,
-    };
+    let take = lease_grab();
     let refused = store
         .acquire_leases(with_token(take.clone(), Some(EDGE)))
         .await
