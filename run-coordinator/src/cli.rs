@@ -290,12 +290,18 @@ pub struct ServeArgs {
         default_value = "http://127.0.0.1:50061"
     )]
     pub store_address: String,
-    /// Service tokens (comma-separated; the first is sent): calls to this
-    /// coordinator without one are refused `UNAUTHENTICATED` (health
-    /// checks excepted), and its calls to the store carry the first
-    /// (docs/security.md). Unset: no token asked or sent.
+    /// Service tokens (comma-separated; the first is sent): this
+    /// coordinator's calls to the store carry the first. With no per-kind
+    /// token list (the simple mode), calls to this coordinator without one
+    /// are refused `UNAUTHENTICATED` (health checks excepted) and its
+    /// holders may call every RPC (docs/security.md). Unset, and no
+    /// per-kind list: no token asked or sent.
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
+    /// The tokens of each caller kind, each allowed what the coordinator's
+    /// table grants it (docs/security.md).
+    #[command(flatten)]
+    pub callers: clawgate_telemetry::CallerTokenArgs,
     /// Serve without a service token on an address beyond loopback: anyone
     /// who reaches the port may submit, cancel or read any run. Without it
     /// such a coordinator refuses to start (docs/security.md).
@@ -326,6 +332,7 @@ impl ServeArgs {
             "the run coordinator",
             self.listen,
             self.service_token.as_ref(),
+            &self.callers,
             self.insecure,
         )
     }

@@ -47,7 +47,7 @@ pub async fn serve(
         drain_timeout: args.coordinator.drain_timeout,
         grpc_max_message_bytes: args.grpc_max_message_bytes,
         metrics_listener: Some(metrics_listener),
-        service_tokens: args.service_token.clone(),
+        service_tokens: args.callers.accepted(args.service_token.as_ref()),
         loss_watchdog: true,
     };
     serve_coordinator(coordinator, options, listener, shutdown).await
@@ -62,8 +62,9 @@ pub struct ServeOptions {
     pub grpc_max_message_bytes: usize,
     /// Where `/metrics` is served; none, no endpoint.
     pub metrics_listener: Option<TcpListener>,
-    /// Calls without one of these are refused; none, every call is served.
-    pub service_tokens: Option<clawgate_telemetry::ServiceTokens>,
+    /// The callers served, by token (the coordinator's table says what
+    /// each kind may call); none, every call is served.
+    pub service_tokens: Option<clawgate_telemetry::CallerTokens>,
     /// After a lost tenure, end the process if the stop has not ended it
     /// by its deadline (`stop.rs`): for a process whose end is the remedy
     /// (the coordinator's binary, the all-in-one), never for a test.
@@ -162,6 +163,7 @@ pub async fn serve_coordinator(
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .layer(clawgate_telemetry::ServiceAuthLayer::new(
             options.service_tokens.clone(),
+            &crate::grpc::access::COORDINATOR_ACCESS,
         ))
         .add_service(health_service)
         .add_service(reflection)

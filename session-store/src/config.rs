@@ -24,11 +24,18 @@ pub struct StoreConfig {
     )]
     pub metrics_listen: SocketAddr,
 
-    /// Service tokens (comma-separated): calls without one are refused
-    /// `UNAUTHENTICATED` (health checks excepted; docs/security.md).
-    /// Unset: every call is served.
+    /// The shared service token (comma-separated for rotation), the simple
+    /// mode: with no per-kind token list, calls without one are refused
+    /// `UNAUTHENTICATED` (health checks excepted) and its holders may call
+    /// every RPC (docs/security.md). Unset, and no per-kind list: every
+    /// call is served.
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
+
+    /// The tokens of each caller kind, each allowed what the store's table
+    /// grants it (docs/security.md).
+    #[command(flatten)]
+    pub callers: clawgate_telemetry::CallerTokenArgs,
 
     /// Serve without a service token on an address beyond loopback: anyone
     /// who reaches the port may call every RPC. Without it such a store
@@ -111,13 +118,14 @@ impl StoreConfig {
     }
 
     /// Refuses settings that would leave the store open: service tokens
-    /// shorter than the shortest secret allowed, or none on an address
-    /// beyond loopback without `--insecure`.
+    /// shorter than the shortest secret allowed or given to two caller
+    /// kinds, or none on an address beyond loopback without `--insecure`.
     pub fn check(&self) -> Result<(), String> {
         clawgate_telemetry::service_auth::check_exposure(
             "the session store",
             self.listen,
             self.service_token.as_ref(),
+            &self.callers,
             self.insecure,
         )
     }

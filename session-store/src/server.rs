@@ -38,8 +38,9 @@ pub struct ServeOptions {
     pub metrics_listener: Option<TcpListener>,
     /// Largest gRPC message accepted or sent.
     pub grpc_max_message_bytes: usize,
-    /// Calls without one of these are refused; none, every call is served.
-    pub service_tokens: Option<clawgate_telemetry::ServiceTokens>,
+    /// The callers served, by token (the store's table says what each
+    /// kind may call); none, every call is served.
+    pub service_tokens: Option<clawgate_telemetry::CallerTokens>,
     /// Every operation answers within this, or UNAVAILABLE.
     pub operation_timeout: Duration,
 }
@@ -66,7 +67,7 @@ impl From<&StoreConfig> for ServeOptions {
             run_retention: config.run_retention,
             purge_interval: config.purge_interval,
             grpc_max_message_bytes: config.grpc_max_message_bytes,
-            service_tokens: config.service_token.clone(),
+            service_tokens: config.callers.accepted(config.service_token.as_ref()),
             operation_timeout: config.operation_timeout,
             ..Self::default()
         }
@@ -171,6 +172,7 @@ pub async fn serve_store(
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .layer(clawgate_telemetry::ServiceAuthLayer::new(
             options.service_tokens.clone(),
+            &crate::grpc::access::STORE_ACCESS,
         ))
         .add_service(health_service)
         .add_service(reflection)

@@ -274,8 +274,9 @@ pub fn documents(cache: &Path, yaml: &str) -> Vec<serde_json::Value> {
 /// A container's environment as the kubelet would give it to one pod of
 /// `workload`: `envFrom` ConfigMaps first, then `env` in order, each value
 /// with the `$(VAR)` references to variables defined before it expanded
-/// (others stay as written, as the kubelet leaves them). Secrets read as a
-/// placeholder (as long as a real secret must be); `Err` names ConfigMaps or keys that do not exist.
+/// (others stay as written, as the kubelet leaves them). A Secret's key
+/// reads as a stand-in naming the Secret and the key (as long as a real
+/// secret must be); `Err` names ConfigMaps or keys that do not exist.
 pub fn container_env(
     container: &serde_json::Value,
     workload: &serde_json::Value,
@@ -320,8 +321,15 @@ pub fn container_env(
                     continue;
                 }
             }
+        } else if from["secretKeyRef"].is_object() {
+            // One stand-in per Secret key, the same wherever that key is
+            // read: settings that must agree across pods (a token one
+            // sends, one of the tokens another accepts) can be compared.
+            let secret = &from["secretKeyRef"];
+            let (name, key) = (secret["name"].as_str(), secret["key"].as_str());
+            format!("from-secret-{}-{}", name.unwrap(), key.unwrap())
         } else {
-            "<secret-read-from-a-secret>".to_owned()
+            "<read-from-elsewhere>".to_owned()
         };
         env.insert(name, value);
     }

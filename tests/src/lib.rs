@@ -9,11 +9,13 @@
 //! and the services' span contract over its spans ([`contract`]), an agent
 //! runtime service counting executions ([`runtime`]), fault-injecting and
 //! balancing TCP proxies ([`fault_proxy`], [`balancer`]), a client that
-//! reports failures for retrying ([`turns`]), gRPC server reflection in
+//! reports failures for retrying ([`turns`]), raw gRPC clients calling
+//! with a service token ([`bearer`]), gRPC server reflection in
 //! both versions ([`reflection`]), and a descriptor-driven gRPC fuzzer
 //! ([`proto_fuzz`]).
 
 pub mod balancer;
+pub mod bearer;
 pub mod client;
 pub mod contract;
 pub mod fault_proxy;

@@ -282,7 +282,13 @@ fn the_secret_block_writes_files_prod_renders_from() {
     };
     assert_eq!(decoded("store-url"), dsn);
     assert_eq!(decoded("openai-api-key"), "sk-test-key");
-    for key in ["edge-token", "device-token-secret", "service-token"] {
+    for key in [
+        "edge-token",
+        "device-token-secret",
+        "edge-service-token",
+        "coordinator-service-token",
+        "internal-service-tokens",
+    ] {
         assert_eq!(decoded(key).trim().len(), 64, "{key}");
     }
     // Written for the owner only (umask 077).

@@ -176,12 +176,11 @@ fn disagreements(documents: &[Value]) -> Vec<String> {
                 if probe.is_null() {
                     continue;
                 }
-                let port = &probe["grpc"]["port"];
-                let port = if port.is_null() {
-                    &probe["httpGet"]["port"]
-                } else {
-                    port
-                };
+                let port = ["grpc", "httpGet", "tcpSocket"]
+                    .iter()
+                    .map(|action| &probe[action]["port"])
+                    .find(|port| !port.is_null())
+                    .unwrap_or(&Value::Null);
                 let number = port
                     .as_u64()
                     .or_else(|| port.as_str().and_then(|n| ports.get(n).copied()));

@@ -4,7 +4,8 @@
 //! apply does not reset, coordinator rolls that wait for each new pod to
 //! hold its partitions, no API token in any pod, startup probes, Pod
 //! Security labels, spread constraints, content-hashed configuration,
-//! metrics and alerts for all three services (issue 30).
+//! metrics and alerts for all three services (issue 30), a service token
+//! per caller kind (issue 29).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +15,7 @@ use gateway_edge::EdgeConfig;
 use run_coordinator::cli::{RuntimeKind, ServeArgs};
 use run_coordinator::ownership::Placement;
 use serde_json::Value;
+use session_store::config::StoreConfig;
 
 fn cache() -> &'static Path {
     Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -59,6 +61,11 @@ impl Rendered {
     fn coordinator(&self) -> ServeArgs {
         let env = self.env(self.one("StatefulSet", "run-coordinator"));
         ServeArgs::from_settings(&[], &env).unwrap()
+    }
+
+    fn store(&self) -> StoreConfig {
+        let env = self.env(self.one("Deployment", "session-store"));
+        StoreConfig::from_settings(&[], &env).unwrap()
     }
 
     fn edge(&self) -> EdgeConfig {
@@ -208,6 +215,47 @@ fn a_coordinator_roll_waits_for_each_new_pod_to_hold_its_share() {
         let rendered = Rendered::of(&manifests, base, components);
         let placement = rendered.coordinator().coordinator.placement;
         assert_eq!(placement, Placement::Balanced, "{name}");
+    }
+}
+
+#[test]
+fn each_service_calls_with_a_token_of_its_own_kind() {
+    use clawgate_telemetry::CallerKind;
+    let manifests = Manifests::copy();
+    for overlay in ["overlays/prod", "overlays/dev"] {
+        let rendered = Rendered::of(&manifests, overlay, &[]);
+        let (store, coordinator, edge) =
+            (rendered.store(), rendered.coordinator(), rendered.edge());
+        // The store sends nothing and serves only per-kind tokens.
+        assert!(store.service_token.is_none(), "{overlay}");
+        assert!(store.callers.scoped() && coordinator.callers.scoped());
+        let sent_by_edge = edge.service_token.as_ref().expect("the edge sends a token");
+        let sent_by_coordinator = coordinator.service_token.as_ref().unwrap();
+        let kind_at = |callers: &clawgate_telemetry::CallerTokenArgs, token: &str| {
+            callers.kind_of(None, token)
+        };
+        for (server, callers) in [
+            ("store", &store.callers),
+            ("coordinator", &coordinator.callers),
+        ] {
+            let kind = kind_at(callers, sent_by_edge.first());
+            assert_eq!(
+                kind,
+                Some(CallerKind::Edge),
+                "{overlay}: the edge at the {server}"
+            );
+            assert_eq!(
+                callers.internal_tokens, store.callers.internal_tokens,
+                "{overlay}: internal callers are known alike"
+            );
+            assert!(callers.internal_tokens.is_some(), "{overlay}: {server}");
+        }
+        assert_eq!(
+            kind_at(&store.callers, sent_by_coordinator.first()),
+            Some(CallerKind::Coordinator),
+            "{overlay}: the coordinator at the store"
+        );
+        assert_ne!(sent_by_edge, sent_by_coordinator, "{overlay}");
     }
 }
 

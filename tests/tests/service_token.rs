@@ -7,28 +7,11 @@
 use clawgate_proto::run_coordinator::v1 as coordinator_pb;
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_system_tests::System;
-use coordinator_pb::run_coordinator_client::RunCoordinatorClient;
+use clawgate_system_tests::bearer::{coordinator_client, store_client, with_token};
 use serde_json::json;
-use store_pb::session_store_client::SessionStoreClient;
 use tonic::Code;
-use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 
 const SECRET: &str = "s3rvice-t0ken-for-the-test";
-
-async fn channel(url: String) -> Channel {
-    Channel::from_shared(url).unwrap().connect().await.unwrap()
-}
-
-/// `request` with `authorization: Bearer <token>` when a token is given.
-fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    if let Some(token) = token {
-        let value: MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
-        request.metadata_mut().insert("authorization", value);
-    }
-    request
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_services_require_the_service_token_between_them() {
@@ -49,8 +32,8 @@ async fn the_services_require_the_service_token_between_them() {
     let end = client.chat_end("t-1").await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
 
-    let mut store = SessionStoreClient::new(channel(cluster.store().url()).await);
-    let mut coordinator = RunCoordinatorClient::new(channel(cluster.coordinator().url()).await);
+    let mut store = store_client(cluster.store().url()).await;
+    let mut coordinator = coordinator_client(cluster.coordinator().url()).await;
     for token in [None, Some("not-the-token"), Some("")] {
         let session = store_pb::GetSessionRequest {
             session_key: "trusted".into(),

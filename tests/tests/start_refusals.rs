@@ -1,7 +1,7 @@
 //! A service refuses to start on settings that would leave it open, and
 //! says why, naming the setting and never the secret: a shared secret (the
-//! edge's token, password or device-token secret, a service token) shorter
-//! than 16 bytes; a store or coordinator listening beyond loopback with no
+//! edge's token, password or device-token secret, a service token of any
+//! kind) shorter than 16 bytes; a store or coordinator listening beyond loopback with no
 //! service token; an edge beyond loopback with auth mode `none`, or calling
 //! services beyond loopback with no service token. `--insecure` (or
 //! `CLAWGATE_INSECURE`) says in so many words to start anyway. Each case is
@@ -124,6 +124,22 @@ async fn a_short_shared_secret_stops_every_binary_at_start() {
             &["--store-address", "http://127.0.0.1:9"],
             &[("CLAWGATE_SERVICE_TOKEN", &service_token)],
             "CLAWGATE_SERVICE_TOKEN (token 2 of 2) is 12 bytes long",
+        ),
+        // The per-kind lists, a session-bound entry's token included.
+        case(
+            "session-store",
+            &[],
+            &[(
+                "CLAWGATE_INTERNAL_TOKENS",
+                &format!("{GOOD}x,agent:x:={SHORT}"),
+            )],
+            "CLAWGATE_INTERNAL_TOKENS (token 2 of 2) is 12 bytes long",
+        ),
+        case(
+            "run-coordinator",
+            &["--store-address", "http://127.0.0.1:9"],
+            &[("CLAWGATE_EDGE_TOKENS", &service_token)],
+            "CLAWGATE_EDGE_TOKENS (token 2 of 2) is 12 bytes long",
         ),
     ] {
         assert_refused(case, data.path()).await;

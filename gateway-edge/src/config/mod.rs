@@ -292,9 +292,10 @@ pub struct EdgeConfig {
     #[arg(long, env = "EDGE_UNAUTHORIZED_FLOOD_LIMIT", default_value_t = 10)]
     pub unauthorized_flood_limit: u32,
     /// Service tokens (comma-separated; the first is sent): the edge's
-    /// calls to the store and the coordinator carry it, as those services
-    /// require when they are given the same (docs/security.md). Unset: no
-    /// token.
+    /// calls to the store and the coordinator carry it. Those services
+    /// accept it as the shared token (the simple mode) or, with per-kind
+    /// tokens, as one of their CLAWGATE_EDGE_TOKENS (docs/security.md).
+    /// Unset: no token.
     #[arg(long, env = "CLAWGATE_SERVICE_TOKEN", hide_env_values = true)]
     pub service_token: Option<clawgate_telemetry::ServiceTokens>,
     /// Start where the edge would otherwise refuse to, as open as that is:

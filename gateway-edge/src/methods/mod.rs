@@ -247,8 +247,14 @@ pub(crate) fn backend_error(err: CoordinatorError) -> (ErrorShape, Option<Value>
 }
 
 pub(crate) fn store_error(err: session_store_api::StoreError) -> (ErrorShape, Option<Value>) {
+    use session_store_api::StoreError;
     let error = match err {
-        session_store_api::StoreError::InvalidArgument(message) => ErrorShape::invalid(message),
+        StoreError::InvalidArgument(message) => ErrorShape::invalid(message),
+        // The store refused the edge's token or its kind: a deployment's
+        // mistake (docs/security.md), which a retry does not mend.
+        StoreError::Unauthenticated(message) | StoreError::PermissionDenied(message) => {
+            ErrorShape::unavailable(format!("session store: {message}"))
+        }
         other => ErrorShape::unavailable(other.to_string()).retry_after(500),
     };
     (error, None)

@@ -44,6 +44,14 @@ pub enum CoordinatorError {
     /// whose limits disagree, docs/limits.md). A caller's view only.
     #[error("{0}")]
     TooLarge(String),
+    /// The server's auth layer knew no token of the caller's (a caller's
+    /// view of `UNAUTHENTICATED`; docs/security.md).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller's kind, or its session binding, does not allow the call
+    /// (a caller's view of `PERMISSION_DENIED`; docs/security.md).
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -65,6 +73,8 @@ impl CoordinatorError {
             Self::QueueFull(_) => "QUEUE_FULL",
             Self::Unavailable(_) => "UNAVAILABLE",
             Self::TooLarge(_) => "TOO_LARGE",
+            Self::Unauthenticated(_) => "UNAUTHENTICATED",
+            Self::PermissionDenied(_) => "PERMISSION_DENIED",
             Self::Internal(_) => "INTERNAL",
         }
     }

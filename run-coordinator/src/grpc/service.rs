@@ -15,8 +15,9 @@ use run_coordinator_api::error::CoordinatorError;
 use run_coordinator_api::events::{StreamItem, StreamReset};
 use run_coordinator_api::grpc::convert::*;
 use run_coordinator_api::grpc::status::to_status;
-use run_coordinator_api::model::RuntimeInfo;
+use run_coordinator_api::model::{CancelTarget, RuntimeInfo};
 
+use super::scope::{Bound, check_run};
 use crate::coordinator::Coordinator;
 
 pub struct RunCoordinatorService {
@@ -69,13 +70,22 @@ impl RunCoordinatorService {
 impl GrpcRunCoordinator for RunCoordinatorService {
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> GrpcResult<pb::SubmitResponse> {
         self.owner()?;
+        let bound = Bound::of(&request);
         let submit = submit_from_pb(request.into_inner()).map_err(to_status)?;
-        let done = self.coordinator.submit(submit).await.map_err(to_status)?;
+        let done = match bound {
+            Some(bound) => {
+                bound.check_session(&submit.session_key)?;
+                let run_id = submit.run_id.clone();
+                bound.screen_submit(self.coordinator.submit(submit).await, &run_id)?
+            }
+            None => self.coordinator.submit(submit).await.map_err(to_status)?,
+        };
         Ok(Response::new(submitted_to_pb(done)))
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> GrpcResult<pb::GetResponse> {
         self.owner()?;
+        check_run(&request, &self.coordinator, &request.get_ref().run_id).await?;
         let snapshot = self
             .coordinator
             .get(&request.into_inner().run_id)
@@ -88,6 +98,7 @@ impl GrpcRunCoordinator for RunCoordinatorService {
 
     async fn wait(&self, request: Request<pb::WaitRequest>) -> GrpcResult<pb::WaitResponse> {
         self.owner()?;
+        check_run(&request, &self.coordinator, &request.get_ref().run_id).await?;
         let req = request.into_inner();
         let config = &self.coordinator.inner.config;
         let timeout = match req.timeout_ms {
@@ -104,7 +115,15 @@ impl GrpcRunCoordinator for RunCoordinatorService {
 
     async fn cancel(&self, request: Request<pb::CancelRequest>) -> GrpcResult<pb::CancelResponse> {
         self.owner()?;
+        let bound = Bound::of(&request);
         let target = cancel_target_from_pb(request.into_inner().target).map_err(to_status)?;
+        match (&bound, &target) {
+            (Some(bound), CancelTarget::Run(run_id)) => {
+                bound.check_run(&self.coordinator, run_id).await?;
+            }
+            (Some(bound), CancelTarget::Session(key)) => bound.check_session(key)?,
+            (None, _) => {}
+        }
         let runs = self.coordinator.cancel(target).await.map_err(to_status)?;
         Ok(Response::new(pb::CancelResponse {
             runs: runs.into_iter().map(snapshot_to_pb).collect(),
@@ -118,7 +137,17 @@ impl GrpcRunCoordinator for RunCoordinatorService {
         request: Request<pb::SubscribeRequest>,
     ) -> GrpcResult<Self::SubscribeStream> {
         self.owner()?;
+        let bound = Bound::of(&request);
         let req = request.into_inner();
+        match (&bound, &req.filter) {
+            (Some(bound), Some(pb::subscribe_request::Filter::RunId(run_id))) => {
+                bound.check_run(&self.coordinator, run_id).await?;
+            }
+            (Some(bound), Some(pb::subscribe_request::Filter::All(_))) => {
+                return Err(bound.refuse_all());
+            }
+            _ => {}
+        }
         let epoch = Some(req.epoch.as_str()).filter(|e| !e.is_empty());
         let subscribed = StreamItem::Subscribed {
             epoch: self.coordinator.epoch().to_owned(),

@@ -51,6 +51,14 @@ pub enum StoreError {
     /// The backend cannot be reached right now; the call may be retried.
     #[error("{0}")]
     Unavailable(String),
+    /// The server's auth layer knew no token of the caller's (a caller's
+    /// view of `UNAUTHENTICATED`; docs/security.md).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller's kind may not make the call (a caller's view of
+    /// `PERMISSION_DENIED`; docs/security.md).
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -83,6 +91,8 @@ impl StoreError {
             Self::RunVersionConflict { .. } => "RUN_VERSION_CONFLICT",
             Self::RunTerminal { .. } => "RUN_TERMINAL",
             Self::Unavailable(_) => "UNAVAILABLE",
+            Self::Unauthenticated(_) => "UNAUTHENTICATED",
+            Self::PermissionDenied(_) => "PERMISSION_DENIED",
             Self::Internal(_) => "INTERNAL",
         }
     }

@@ -15,6 +15,7 @@ use crate::key::SessionKey;
 use crate::model::{DeleteOutcome, ListQuery, ResetOutcome};
 use crate::store::SessionStore;
 use clawgate_common::clock::now_ms;
+use clawgate_telemetry::CallerIdentity;
 
 pub struct SessionStoreService {
     store: Arc<dyn SessionStore>,
@@ -258,11 +259,15 @@ impl GrpcSessionStore for SessionStoreService {
     }
 
     async fn get_run(&self, request: Request<pb::GetRunRequest>) -> GrpcResult<pb::GetRunResponse> {
+        // An internal caller bound to some sessions reads another session's
+        // run as absent, as it reads an unknown one: neither is its to see.
+        let caller = request.extensions().get::<CallerIdentity>().cloned();
         let record = self
             .store
             .get_run(&request.into_inner().run_id)
             .await
-            .map_err(to_status)?;
+            .map_err(to_status)?
+            .filter(|run| caller.is_none_or(|caller| caller.may_act_on(&run.session_key)));
         Ok(Response::new(pb::GetRunResponse {
             record: record.map(run_to_pb),
         }))

@@ -40,6 +40,13 @@ pub fn to_status(err: CoordinatorError) -> Status {
         CoordinatorError::TooLarge(message) => {
             return Status::resource_exhausted(message.clone());
         }
+        // The auth layer's refusals, as it sends them: no detail.
+        CoordinatorError::Unauthenticated(message) => {
+            return Status::unauthenticated(message.clone());
+        }
+        CoordinatorError::PermissionDenied(message) => {
+            return Status::permission_denied(message.clone());
+        }
         CoordinatorError::Internal(_) => (Code::Internal, pb::ErrorCode::Internal),
     };
     let message = err.to_string();
@@ -114,6 +121,8 @@ pub fn from_status(status: Status) -> CoordinatorError {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 CoordinatorError::Unavailable(message)
             }
+            Code::Unauthenticated => CoordinatorError::Unauthenticated(message),
+            Code::PermissionDenied => CoordinatorError::PermissionDenied(message),
             code => CoordinatorError::Internal(format!("run coordinator: {code:?}: {message}")),
         };
     };
@@ -237,10 +246,22 @@ mod tests {
             (Status::cancelled("gone"), "UNAVAILABLE"),
             (Status::out_of_range("big"), "TOO_LARGE"),
             (Status::invalid_argument("bad"), "INVALID_ARGUMENT"),
-            (Status::permission_denied("no"), "INTERNAL"),
+            (Status::permission_denied("no"), "PERMISSION_DENIED"),
+            (Status::unauthenticated("who"), "UNAUTHENTICATED"),
+            (Status::data_loss("?"), "INTERNAL"),
         ];
         for (status, code) in cases {
-            assert_eq!(from_status(status).code(), code);
+            let error = from_status(status.clone());
+            assert_eq!(error.code(), code);
+            // The auth layer's refusals go back as they came (an edge
+            // passing one on says what the server said).
+            if matches!(code, "PERMISSION_DENIED" | "UNAUTHENTICATED") {
+                let back = to_status(error);
+                assert_eq!(
+                    (back.code(), back.message()),
+                    (status.code(), status.message())
+                );
+            }
         }
         assert_eq!(
             leader_hint(&to_status(CoordinatorError::NotOwner {

@@ -154,6 +154,32 @@ impl Settings {
         Self::from_matches(&command().try_get_matches_from(args)?)
     }
 
+    /// With per-kind service tokens, the edge (the only gRPC caller here:
+    /// the coordinator calls the store in process) must call as the edge,
+    /// or every call it makes would be refused.
+    fn check_edge_token(&self) -> anyhow::Result<()> {
+        let Some(sent) = &self.edge.service_token else {
+            return Ok(());
+        };
+        let servers = [
+            ("store", &self.store.callers, &self.store.service_token),
+            (
+                "coordinator",
+                &self.coordinator.callers,
+                &self.coordinator.service_token,
+            ),
+        ];
+        for (server, callers, shared) in servers {
+            let kind = callers.kind_of(shared.as_ref(), sent.first());
+            anyhow::ensure!(
+                !callers.scoped() || kind == Some(clawgate_telemetry::CallerKind::Edge),
+                "with per-kind service tokens, the edge's CLAWGATE_SERVICE_TOKEN must be one of \
+                 the {server}'s CLAWGATE_EDGE_TOKENS (docs/security.md)"
+            );
+        }
+        Ok(())
+    }
+
     /// Checks each service's own start-up rules (its secrets, its
     /// transport), and that the limits of the three services agree along the
     /// request path (docs/limits.md): each hop accepts at least what the
@@ -166,6 +192,7 @@ impl Settings {
         // Each service's own start-up checks, then the chain between them.
         self.store.check().map_err(anyhow::Error::msg)?;
         self.coordinator.check().map_err(anyhow::Error::msg)?;
+        self.check_edge_token()?;
         session_store::server::check_transport(&(&self.store).into())?;
         run_coordinator::server::check_transport(&self.coordinator)?;
         let run = &self.coordinator.coordinator;
@@ -320,6 +347,37 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{listen} {allowed}: {e}"));
             }
         }
+    }
+
+    #[test]
+    fn with_per_kind_tokens_the_edge_must_call_as_the_edge() {
+        let edge = "--edge-service-token=an-edge-token-0123456789";
+        let lists = [
+            "--store-edge-tokens=an-edge-token-0123456789",
+            "--coordinator-edge-tokens=an-edge-token-0123456789",
+            "--coordinator-internal-tokens=an-internal-token-0123456789",
+        ];
+        let args = [&["clawgate", edge][..], &lists].concat();
+        Settings::try_parse_from(args)
+            .unwrap()
+            .check_limits()
+            .unwrap();
+        let error = refusal(&[
+            "--edge-service-token=an-internal-token-0123456789",
+            lists[0],
+            lists[1],
+            lists[2],
+        ]);
+        assert_eq!(
+            error,
+            "with per-kind service tokens, the edge's CLAWGATE_SERVICE_TOKEN must be one of the \
+             store's CLAWGATE_EDGE_TOKENS (docs/security.md)"
+        );
+        let error = refusal(&[edge, "--store-edge-tokens=an-edge-token-0123456789,short"]);
+        assert!(
+            error.starts_with("CLAWGATE_EDGE_TOKENS (token 2 of 2) is 5 bytes long"),
+            "{error}"
+        );
     }
 
     #[test]

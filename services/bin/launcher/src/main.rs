@@ -157,7 +157,9 @@ async fn main() -> anyhow::Result<()> {
         drain_timeout: coordinator_settings.drain_timeout,
         grpc_max_message_bytes: coordinator_args.grpc_max_message_bytes,
         metrics_listener: Some(coordinator_metrics_listener),
-        service_tokens: coordinator_args.service_token.clone(),
+        service_tokens: coordinator_args
+            .callers
+            .accepted(coordinator_args.service_token.as_ref()),
         // This process is the coordinator's: its end is the remedy.
         loss_watchdog: true,
     };

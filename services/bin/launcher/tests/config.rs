@@ -125,21 +125,24 @@ fn the_test_kit_holds_exactly_the_default_listen_ports() {
     assert_eq!(ports, DEFAULT_PORTS.into_iter().collect());
 }
 
+/// The `http://` address of the gRPC port the banner's `label` line names.
+fn grpc_address(clawgate: &Process, label: &str) -> String {
+    let output = clawgate.output().join("\n");
+    let line = output
+        .lines()
+        .find(|line| line.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no `{label}` line in:\n{output}"));
+    let address = line.split("grpc://").nth(1).unwrap();
+    format!("http://{}", address.split_whitespace().next().unwrap())
+}
+
 /// The all-in-one's two gRPC ports each list what they serve, over both
 /// reflection versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_all_in_one_s_grpc_ports_list_what_they_serve() {
     let data = tempfile::tempdir().unwrap();
     let clawgate = start(data.path(), &[], &[]).await;
-    let output = clawgate.output().join("\n");
-    let grpc_address = |label: &str| {
-        let line = output
-            .lines()
-            .find(|line| line.trim_start().starts_with(label))
-            .unwrap_or_else(|| panic!("no `{label}` line in:\n{output}"));
-        let address = line.split("grpc://").nth(1).unwrap();
-        format!("http://{}", address.split_whitespace().next().unwrap())
-    };
+    let grpc_address = |label: &str| grpc_address(&clawgate, label);
     reflection::assert_lists_exactly(
         &grpc_address("session store"),
         &["clawgate.session_store.v1.SessionStore"],
@@ -185,4 +188,61 @@ async fn a_short_token_stops_the_all_in_one_at_start() {
         "{output}"
     );
     assert!(!output.contains(short), "{output}");
+}
+
+/// Per-kind service tokens in the all-in-one: its edge calls as the edge (a
+/// chat goes end to end), an internal caller reaches the coordinator but
+/// not the store's sessions, and the edge's token takes no lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_kind_service_tokens_hold_in_the_all_in_one() {
+    use clawgate_proto::run_coordinator::v1 as coordinator_pb;
+    use clawgate_proto::session_store::v1 as store_pb;
+    use clawgate_system_tests::bearer::{coordinator_client, lease_grab, store_client, with_token};
+    const EDGE: &str = "all-in-one-edge-token";
+    const INTERNAL: &str = "all-in-one-internal-token";
+    let data = tempfile::tempdir().unwrap();
+    let clawgate = start(
+        data.path(),
+        &[],
+        &[
+            ("CLAWGATE_SERVICE_TOKEN", EDGE),
+            ("CLAWGATE_EDGE_TOKENS", EDGE),
+            ("CLAWGATE_INTERNAL_TOKENS", INTERNAL),
+        ],
+    )
+    .await;
+    let url = format!("ws://{}", clawgate.address);
+    let mut client = Client::connect_with_token(&url, TOKEN, OPERATOR_SCOPES).await;
+    let params = json!({ "sessionKey": "kinds", "message": "hi", "idempotencyKey": "k-1" });
+    let sent = client.request("chat.send", params).await;
+    assert_eq!(sent["ok"], true, "{sent}");
+    let end = client.chat_end("k-1").await;
+    assert_eq!(end["payload"]["state"], "final", "{end}");
+
+    let mut store = store_client(grpc_address(&clawgate, "session store")).await;
+    let history = store_pb::HistoryRequest {
+        session_key: "kinds".into(),
+        ..Default::default()
+    };
+    let refused = store
+        .history(with_token(history, Some(INTERNAL)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let take = lease_grab();
+    let refused = store
+        .acquire_leases(with_token(take, Some(EDGE)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let mut coordinator = coordinator_client(grpc_address(&clawgate, "run coordinator")).await;
+    let get = coordinator_pb::GetRequest {
+        run_id: "k-1".into(),
+    };
+    let run = coordinator
+        .get(with_token(get, Some(INTERNAL)))
+        .await
+        .expect("an internal caller reads runs")
+        .into_inner();
+    assert!(run.snapshot.is_some(), "{run:?}");
 }

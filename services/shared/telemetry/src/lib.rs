@@ -46,7 +46,9 @@ pub mod otel {
 pub use grpc::{
     GrpcClientTraceLayer, GrpcServerTraceLayer, TracedChannel, service_channel, traced_channel,
 };
-pub use service_auth::{ServiceAuthLayer, ServiceTokens};
+pub use service_auth::access::AccessTable;
+pub use service_auth::caller_tokens::{CallerTokenArgs, CallerTokens};
+pub use service_auth::{CallerIdentity, CallerKind, ServiceAuthLayer, ServiceTokens};
 
 /// Spans exported unless `CLAWGATE_TRACE_FILTER` says otherwise: the
 /// trace-only ones (target `otel::…`: gRPC calls, store operations, run

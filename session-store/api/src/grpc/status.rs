@@ -30,6 +30,8 @@ fn grpc_code(err: &StoreError) -> Code {
         | StoreError::SettingsChanged(_) => Code::Aborted,
         StoreError::RunNotFound(_) => Code::NotFound,
         StoreError::Unavailable(_) => Code::Unavailable,
+        StoreError::Unauthenticated(_) => Code::Unauthenticated,
+        StoreError::PermissionDenied(_) => Code::PermissionDenied,
         StoreError::Internal(_) => Code::Internal,
     }
 }
@@ -47,12 +49,17 @@ fn detail_code(err: &StoreError) -> pb::ErrorCode {
         StoreError::RunVersionConflict { .. } => C::RunVersionConflict,
         StoreError::RunTerminal { .. } => C::RunTerminal,
         StoreError::Unavailable(_) => C::Unavailable,
+        // Sent without a detail (`to_status`), as the auth layer sends them.
+        StoreError::Unauthenticated(_) | StoreError::PermissionDenied(_) => C::Unspecified,
         StoreError::Internal(_) => C::Internal,
     }
 }
 
 pub fn to_status(err: StoreError) -> Status {
     let code = grpc_code(&err);
+    if let StoreError::Unauthenticated(message) | StoreError::PermissionDenied(message) = &err {
+        return Status::new(code, message.clone());
+    }
     let message = err.to_string();
     let mut detail = pb::StoreErrorDetail {
         code: detail_code(&err) as i32,
@@ -127,6 +134,8 @@ pub fn from_status(status: Status) -> StoreError {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 StoreError::Unavailable(format!("session store: {message}"))
             }
+            Code::Unauthenticated => StoreError::Unauthenticated(message),
+            Code::PermissionDenied => StoreError::PermissionDenied(message),
             code => StoreError::Internal(format!("session store: {code:?}: {message}")),
         };
     };
@@ -181,5 +190,30 @@ pub fn from_status(status: Status) -> StoreError {
         },
         C::Unavailable => StoreError::Unavailable(message),
         C::Internal | C::Unspecified => StoreError::Internal(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_auth_layers_refusals_map_to_their_own_errors_and_back() {
+        for (status, code) in [
+            (Status::unauthenticated("who are you"), "UNAUTHENTICATED"),
+            (
+                Status::permission_denied("the edge caller may not call /x/Append"),
+                "PERMISSION_DENIED",
+            ),
+        ] {
+            let error = from_status(status.clone());
+            assert_eq!(error.code(), code);
+            assert_eq!(error.to_string(), status.message());
+            let back = to_status(error);
+            assert_eq!(
+                (back.code(), back.message()),
+                (status.code(), status.message())
+            );
+        }
     }
 }
