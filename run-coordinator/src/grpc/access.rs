@@ -11,8 +11,8 @@ use clawgate_telemetry::{AccessTable, CallerKind};
 
 /// A run's life: admitted, read, waited for, cancelled, followed.
 const RUNS: Methods = &["Submit", "Get", "Wait", "Cancel", "Subscribe"];
-/// Every session's active runs, and the runtime's models.
-const OVERVIEW: Methods = &["ListActive", "DescribeRuntime"];
+/// Every session's active runs, the runtime's models, and the lanes.
+const OVERVIEW: Methods = &["ListActive", "DescribeRuntime", "DescribeLanes"];
 
 pub static COORDINATOR_ACCESS: AccessTable = AccessTable {
     service: "clawgate.run_coordinator.v1.RunCoordinator",
