@@ -46,22 +46,25 @@ pub fn check_secret_length(what: &str, secret: &str) -> Result<(), String> {
 /// What a server listening beyond loopback without a service token says
 /// when it is not told `--insecure`: the reason, and the three ways out.
 const EXPOSED: &str = "anyone who reaches it could call every RPC. Set CLAWGATE_SERVICE_TOKEN \
-     (docs/security.md), listen on loopback, or pass --insecure (CLAWGATE_INSECURE=true) to \
-     serve without authentication anyway";
+     (docs/security.md), require client certificates (CLAWGATE_TLS_CLIENT_CA with \
+     CLAWGATE_TLS_CERT and CLAWGATE_TLS_KEY: mutual TLS), listen on loopback, or pass --insecure \
+     (CLAWGATE_INSECURE=true) to serve without authentication anyway";
 
 /// The start-up rule of a gRPC server (`service`, listening on `listen`):
 /// its tokens must be long enough, and a server reachable beyond loopback
-/// must have tokens, unless `insecure` says it is to be open. (Mutual TLS
-/// would be the other way to authenticate callers; it is not built yet.)
+/// must authenticate its callers — by tokens, or by mutual TLS
+/// (`mutual_tls`: client certificates required, `--tls-client-ca`) —
+/// unless `insecure` says it is to be open.
 pub fn check_exposure(
     service: &str,
     listen: std::net::SocketAddr,
     tokens: Option<&ServiceTokens>,
+    mutual_tls: bool,
     insecure: bool,
 ) -> Result<(), String> {
     match tokens {
         Some(tokens) => tokens.check(),
-        None if insecure || listen.ip().is_loopback() => Ok(()),
+        None if mutual_tls || insecure || listen.ip().is_loopback() => Ok(()),
         None => Err(format!(
             "{service} listens on {listen}, beyond loopback, with no service token: {EXPOSED}"
         )),
@@ -298,13 +301,21 @@ mod tests {
         let any: std::net::SocketAddr = "0.0.0.0:50061".parse().unwrap();
         let local: std::net::SocketAddr = "127.0.0.1:50061".parse().unwrap();
         let tokens: ServiceTokens = "a-long-enough-token".parse().unwrap();
-        assert_eq!(check_exposure("the store", local, None, false), Ok(()));
         assert_eq!(
-            check_exposure("the store", any, Some(&tokens), false),
+            check_exposure("the store", local, None, false, false),
             Ok(())
         );
-        assert_eq!(check_exposure("the store", any, None, true), Ok(()));
-        let refused = check_exposure("the store", any, None, false).unwrap_err();
+        assert_eq!(
+            check_exposure("the store", any, Some(&tokens), false, false),
+            Ok(())
+        );
+        assert_eq!(
+            check_exposure("the store", any, None, true, false),
+            Ok(()),
+            "mutual TLS authenticates the callers"
+        );
+        assert_eq!(check_exposure("the store", any, None, false, true), Ok(()));
+        let refused = check_exposure("the store", any, None, false, false).unwrap_err();
         assert!(
             refused.starts_with("the store listens on 0.0.0.0:50061, beyond loopback, with no"),
             "{refused}"
