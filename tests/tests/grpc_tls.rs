@@ -12,7 +12,7 @@ use std::time::Duration;
 use clawgate_proto::run_coordinator::v1 as coordinator_pb;
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_system_tests::client::{Client, OPERATOR_SCOPES, TOKEN};
-use clawgate_system_tests::process::{Process, binary_path, service_command};
+use clawgate_system_tests::process::{Process, binary_path, refused_start, service_command};
 use clawgate_system_tests::system::Role;
 use clawgate_system_tests::wait::poll;
 use clawgate_telemetry::tls::testing::{Ca, hex};
@@ -311,4 +311,50 @@ async fn a_certificate_replaced_on_disk_serves_new_connections_without_a_restart
 
     // The processes never restarted: the chat still runs through them.
     cluster.chat("after-rotation", "still here", "rot-1").await;
+}
+
+/// Mutual TLS authenticates callers: a store or coordinator beyond loopback
+/// with a client CA starts without a service token; with a certificate but
+/// no client CA (anyone may call) it still refuses, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_counts_as_authentication_beyond_loopback() {
+    let files = tempfile::tempdir().unwrap();
+    let ca = Ca::new("exposure CA");
+    let ca_file = ca.write(files.path());
+    let identity = Identity::new(files.path(), "server", &ca, 600);
+    let data = files.path().join("store.redb");
+    let flags = |role: Role| -> Vec<String> {
+        let mut flags = vec!["--listen".into(), "0.0.0.0:0".into()];
+        flags.extend(["--metrics-listen".into(), "127.0.0.1:0".into()]);
+        match role {
+            Role::Store => flags.extend(["--store".into(), data.to_string_lossy().into()]),
+            _ => flags.extend(["--store-address".into(), "https://127.0.0.1:9".into()]),
+        }
+        flags
+    };
+    for role in [Role::Store, Role::Coordinator] {
+        let command = |mutual: bool| {
+            let mut command = service_command(binary_path(role.binary()));
+            command
+                .args(flags(role))
+                .env("CLAWGATE_TLS_CERT", identity.cert())
+                .env("CLAWGATE_TLS_KEY", identity.key())
+                .env("CLAWGATE_TLS_CA", &ca_file);
+            if mutual {
+                command.env("CLAWGATE_TLS_CLIENT_CA", &ca_file);
+            }
+            command
+        };
+        let (status, output) = refused_start(command(false)).await;
+        assert!(!status.success(), "{role:?} started:\n{output}");
+        assert!(
+            output.contains("beyond loopback, with no service token")
+                && output.contains("CLAWGATE_TLS_CLIENT_CA"),
+            "{role:?}: {output}"
+        );
+        if role == Role::Store {
+            let started = Process::start(command(true), role.binary(), role.ready_message()).await;
+            assert!(started.address.ip().is_unspecified(), "{}", started.address);
+        }
+    }
 }

@@ -282,16 +282,6 @@ pub enum Conn {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-impl Conn {
-    /// The client's certificate chain, when it presented one (mTLS).
-    pub fn peer_certificates(&self) -> Option<&[CertificateDer<'static>]> {
-        match self {
-            Self::Plain(_) => None,
-            Self::Tls(tls) => tls.get_ref().1.peer_certificates(),
-        }
-    }
-}
-
 impl Connected for Conn {
     type ConnectInfo = TcpConnectInfo;
 
