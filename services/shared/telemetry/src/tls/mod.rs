@@ -44,10 +44,10 @@ pub const DEFAULT_MAX_HANDSHAKES: u32 = 256;
 pub struct TlsArgs {
     /// This process's certificate chain, PEM: the server serves TLS with
     /// it, and clients present it (mTLS). Re-read when it changes.
-    #[arg(long, env = "CLAWGATE_TLS_CERT", requires = "tls_key")]
+    #[arg(long, env = "CLAWGATE_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of `--tls-cert`, PEM.
-    #[arg(long, env = "CLAWGATE_TLS_KEY", requires = "tls_cert")]
+    #[arg(long, env = "CLAWGATE_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// CA certificates, PEM: the server requires a client certificate
     /// signed by one of them (mutual TLS). Needs `--tls-cert`.
@@ -86,29 +86,43 @@ impl TlsArgs {
     /// The server's TLS; `None`: plaintext. A client CA without a
     /// certificate, or a file that does not load, is an error.
     pub fn server(&self) -> Result<Option<ServerTls>, String> {
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => ServerTls::new(
-                cert.clone(),
-                key.clone(),
+        match self.identity()? {
+            Some((cert, key)) => ServerTls::new(
+                cert,
+                key,
                 self.tls_client_ca.clone(),
                 self.tls_handshake_timeout,
                 self.tls_max_handshakes as usize,
             )
             .map(Some),
-            _ if self.tls_client_ca.is_some() => Err(
+            None if self.tls_client_ca.is_some() => Err(
                 "--tls-client-ca (CLAWGATE_TLS_CLIENT_CA) needs --tls-cert and --tls-key: \
                  a server asks for client certificates only over TLS"
                     .into(),
             ),
-            _ => Ok(None),
+            None => Ok(None),
+        }
+    }
+
+    /// This process's certificate and key; one without the other is an
+    /// error (checked here rather than by the parser, whose `requires`
+    /// would not survive the all-in-one's renaming of the flags).
+    fn identity(&self) -> Result<Option<(PathBuf, PathBuf)>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some((cert.clone(), key.clone()))),
+            (None, None) => Ok(None),
+            _ => Err(
+                "--tls-cert and --tls-key (CLAWGATE_TLS_CERT, CLAWGATE_TLS_KEY) go \
+                      together: give both or neither"
+                    .into(),
+            ),
         }
     }
 
     /// The clients' TLS: the CAs servers are verified with, and the
     /// certificate presented when there is one.
     pub fn client(&self) -> Result<ClientTls, String> {
-        let identity = self.tls_cert.clone().zip(self.tls_key.clone());
-        ClientTls::new(self.tls_ca.clone(), identity)
+        ClientTls::new(self.tls_ca.clone(), self.identity()?)
     }
 
     /// Whether the server requires client certificates: mTLS, a way to
@@ -190,5 +204,11 @@ mod tests {
         assert!(args.server().err().unwrap().contains("--tls-cert"));
         assert!(!args.mutual());
         assert!(TlsArgs::default().server().unwrap().is_none());
+        let half = TlsArgs {
+            tls_cert: Some("/cert.pem".into()),
+            ..TlsArgs::default()
+        };
+        assert!(half.server().err().unwrap().contains("give both"));
+        assert!(half.client().err().unwrap().contains("give both"));
     }
 }
