@@ -358,3 +358,32 @@ async fn mutual_tls_counts_as_authentication_beyond_loopback() {
         }
     }
 }
+
+/// A coordinator that does not trust the store's certificate stops at
+/// start, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_that_does_not_trust_the_store_stops_and_says_why() {
+    let files = tempfile::tempdir().unwrap();
+    let ca = Ca::new("store CA");
+    let ca_file = ca.write(files.path());
+    let store_identity = Identity::new(files.path(), "store", &ca, 700);
+    let data = files.path().join("store.redb");
+    let store_flags = ["--store".into(), data.to_string_lossy().into_owned()];
+    let store = start(Role::Store, &store_identity, &ca_file, &store_flags).await;
+
+    let other = tempfile::tempdir().unwrap();
+    let other_ca = Ca::new("not the store's CA");
+    let other_ca_file = other_ca.write(other.path());
+    let mut command = service_command(binary_path(Role::Coordinator.binary()));
+    command
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--store-address", &https(&store)])
+        .env("CLAWGATE_TLS_CA", &other_ca_file);
+    let (status, output) = refused_start(command).await;
+    assert!(!status.success(), "it started:\n{output}");
+    assert!(
+        output.contains("cannot reach the session store")
+            && output.contains("invalid peer certificate"),
+        "{output}"
+    );
+}

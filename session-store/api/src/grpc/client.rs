@@ -43,7 +43,21 @@ impl RemoteStore {
             .tcp_nodelay(true);
         let tls = tls.unwrap_or_else(|| ClientTls::system());
         let channel = tls.channel(&endpoint).await.map_err(|e| {
-            StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}"))
+            // tonic's own text is "transport error": the why (refused, a
+            // certificate not trusted, …) is in its sources.
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                let cause_text = cause.to_string();
+                // A wrapped io::Error repeats its inner error's text.
+                if !why.ends_with(&cause_text) {
+                    why = format!("{why}: {cause_text}");
+                }
+                source = cause.source();
+            }
+            StoreError::Unavailable(format!(
+                "cannot reach the session store at {address}: {why}"
+            ))
         })?;
         Ok(Self::new(service_channel(channel, endpoint.uri(), tokens)))
     }
