@@ -1,6 +1,7 @@
 //! gRPC over mutual TLS on every hop: the three real processes, each with
 //! its own certificate from one CA and requiring client certificates from
-//! it, serve a chat end to end through the edge; a gRPC caller without a
+//! it, serve a chat end to end through the edge, the coordinator executing
+//! it on an external gRPC runtime over mutual TLS too; a gRPC caller without a
 //! certificate, with one from another CA, or in plaintext is refused at
 //! the handshake and writes nothing; and a certificate replaced on disk
 //! is served to the next connection without a restart.
@@ -13,10 +14,11 @@ use clawgate_proto::run_coordinator::v1 as coordinator_pb;
 use clawgate_proto::session_store::v1 as store_pb;
 use clawgate_system_tests::client::{Client, OPERATOR_SCOPES, TOKEN};
 use clawgate_system_tests::process::{Process, binary_path, refused_start, service_command};
+use clawgate_system_tests::runtime::CountingRuntime;
 use clawgate_system_tests::system::Role;
 use clawgate_system_tests::wait::poll;
 use clawgate_telemetry::tls::testing::{Ca, hex};
-use clawgate_telemetry::tls::{ClientTls, serial_hex};
+use clawgate_telemetry::tls::{ClientTls, ServerTls, serial_hex};
 use coordinator_pb::run_coordinator_client::RunCoordinatorClient;
 use serde_json::json;
 use store_pb::session_store_client::SessionStoreClient;
@@ -84,7 +86,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(ca: &Ca) -> Self {
+    /// The three processes, the coordinator executing with the echo
+    /// runtime, or with the gRPC runtime at `runtime`.
+    async fn start(ca: &Ca, runtime: Option<&str>) -> Self {
         let files = tempfile::tempdir().unwrap();
         let ca_file = ca.write(files.path());
         let store_identity = Identity::new(files.path(), "store", ca, 100);
@@ -94,12 +98,15 @@ impl Cluster {
         let data = files.path().join("store.redb");
         let store_flags = ["--store".into(), data.to_string_lossy().into_owned()];
         let store = start(Role::Store, &store_identity, &ca_file, &store_flags).await;
-        let coordinator_flags = [
-            "--store-address".into(),
-            https(&store),
-            "--runtime".into(),
-            "echo".into(),
-        ];
+        let runtime_flags = match runtime {
+            Some(url) => ["grpc", "--runtime-address", url],
+            None => ["echo", "--echo-chunks", "2"],
+        };
+        let coordinator_flags: Vec<String> = ["--store-address", &https(&store), "--runtime"]
+            .iter()
+            .chain(&runtime_flags)
+            .map(|flag| flag.to_string())
+            .collect();
         let coordinator = start(
             Role::Coordinator,
             &coordinator_identity,
@@ -172,17 +179,32 @@ fn assert_refused(who: &str, refused: &tonic::Status) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_hop_over_mutual_tls_and_callers_without_a_good_certificate_are_refused() {
     let ca = Ca::new("clawgate test CA");
-    let cluster = Cluster::start(&ca).await;
+    // The external runtime the coordinator calls, on mTLS too.
+    let runtime_files = tempfile::tempdir().unwrap();
+    let runtime_ca = ca.write(runtime_files.path());
+    let runtime_identity = Identity::new(runtime_files.path(), "runtime", &ca, 250);
+    let runtime_tls = ServerTls::new(
+        runtime_identity.cert(),
+        runtime_identity.key(),
+        Some(runtime_ca),
+        Duration::from_secs(10),
+        16,
+    )
+    .unwrap();
+    let runtime = CountingRuntime::start_tls(Duration::ZERO, runtime_tls).await;
+    let cluster = Cluster::start(&ca, Some(&runtime.url())).await;
 
-    // A chat end to end: edge → coordinator → store, all mTLS.
+    // A chat end to end: edge → coordinator → store, coordinator → the
+    // runtime, all mTLS.
     let mut client = cluster.chat("over-tls", "hello", "tls-1").await;
+    assert_eq!(runtime.executions().get("tls-1"), Some(&1));
     let history = client
         .request("chat.history", json!({ "sessionKey": "over-tls" }))
         .await;
     assert_eq!(history["ok"], true, "{history}");
     assert!(
-        history.to_string().contains("hello"),
-        "the transcript went through the store: {history}"
+        history.to_string().contains("echo: hello"),
+        "the runtime's reply went through the store: {history}"
     );
 
     // Callers the servers must refuse at the handshake.
@@ -273,7 +295,7 @@ async fn served_serial(tls: &ClientTls, address: SocketAddr) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_replaced_on_disk_serves_new_connections_without_a_restart() {
     let ca = Ca::new("rotating CA");
-    let cluster = Cluster::start(&ca).await;
+    let cluster = Cluster::start(&ca, None).await;
     let operator = cluster.operator.client(&cluster.ca_file);
     let address = cluster.store.address;
     assert_eq!(served_serial(&operator, address).await, Some(hex(100)));
