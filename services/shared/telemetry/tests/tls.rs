@@ -87,3 +87,54 @@ async fn past_the_bound_a_handshake_waits_for_a_free_slot() {
         .unwrap();
     assert_eq!(serial_hex(&served), Some(hex(42)));
 }
+
+/// A gRPC health check over a new connection to `address`, as `client`.
+async fn health_check(client: &ClientTls, address: std::net::SocketAddr) -> bool {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("https://{address}")).unwrap();
+    let mut health = HealthClient::new(client.lazy_channel(&endpoint));
+    health.check(HealthCheckRequest::default()).await.is_ok()
+}
+
+#[tokio::test]
+async fn a_client_ca_replaced_on_disk_decides_the_next_handshakes() {
+    let files = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (Ca::new("our CA"), Ca::new("their CA"));
+    let server_dir = files.path().join("server");
+    let client_dir = files.path().join("client");
+    for dir in [&server_dir, &client_dir] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    let (cert, key) = ours.leaf("server", 1).write(&server_dir);
+    let client_ca = ours.write(&server_dir);
+    let tls = ServerTls::new(cert, key, Some(client_ca.clone()), PATIENCE, 8).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (_, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(incoming(listener, Some(&tls))),
+    );
+    // A client with a certificate of their CA, trusting ours for the server.
+    let identity = theirs.leaf("client", 2).write(&client_dir);
+    let server_ca = files.path().join("server-ca.pem");
+    std::fs::write(&server_ca, ours.cert_pem()).unwrap();
+    let client = ClientTls::new(Some(server_ca), Some(identity)).unwrap();
+    assert!(
+        !health_check(&client, address).await,
+        "their CA is not trusted yet"
+    );
+
+    // The client CA file now names their CA: the next connections pass.
+    std::fs::write(&client_ca, theirs.cert_pem()).unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !health_check(&client, address).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new client CA was never used"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
