@@ -159,7 +159,12 @@ pub async fn serve_coordinator(
     ])
     .context("building the reflection service")?;
     let address = listener.local_addr()?;
-    tracing::info!(%address, epoch = coordinator.epoch(), "run coordinator serving gRPC");
+    tracing::info!(
+        %address,
+        epoch = coordinator.epoch(),
+        tls = options.tls.is_some(),
+        "run coordinator serving gRPC"
+    );
     let stop = Stop {
         coordinator,
         health,

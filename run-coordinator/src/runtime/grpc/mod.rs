@@ -76,8 +76,9 @@ pub struct GrpcRuntime {
 }
 
 impl GrpcRuntime {
-    /// Prepares a channel to `address` (`http://host:port`; a bare
-    /// `host:port` gets `http://`). The connection is made lazily, on the
+    /// Prepares a channel to `address` (`http://host:port`, or
+    /// `https://host:port` over TLS with `config.tls`; a bare `host:port`
+    /// gets `http://`). The connection is made lazily, on the
     /// first call, so the coordinator can start before the runtime; an
     /// unreachable runtime shows up as a retryable error from `execute`.
     pub async fn connect(address: &str, config: GrpcRuntimeConfig) -> Result<Self, RuntimeError> {
