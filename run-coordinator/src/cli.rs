@@ -15,6 +15,7 @@ use crate::runtime::AgentRuntime;
 use crate::runtime::echo::{EchoConfig, EchoRuntime};
 use crate::runtime::grpc::{GrpcRuntime, GrpcRuntimeConfig};
 use crate::runtime::openai::{OpenAiConfig, OpenAiRuntime};
+use clawgate_telemetry::tls::ClientTls;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuntimeKind {
@@ -70,7 +71,9 @@ pub struct RuntimeArgs {
 }
 
 impl RuntimeArgs {
-    pub async fn build(&self) -> anyhow::Result<Arc<dyn AgentRuntime>> {
+    /// The runtime chosen; a `grpc` one reached over TLS with `tls` when
+    /// its address is `https://`.
+    pub async fn build(&self, tls: Option<&ClientTls>) -> anyhow::Result<Arc<dyn AgentRuntime>> {
         Ok(match self.runtime {
             RuntimeKind::Echo => Arc::new(EchoRuntime::new(EchoConfig {
                 chunks: self.echo_chunks,
@@ -85,7 +88,14 @@ impl RuntimeArgs {
                 ..OpenAiConfig::default()
             })?),
             RuntimeKind::Grpc => Arc::new(
-                GrpcRuntime::connect(&self.runtime_address, GrpcRuntimeConfig::default()).await?,
+                GrpcRuntime::connect(
+                    &self.runtime_address,
+                    GrpcRuntimeConfig {
+                        tls: tls.cloned(),
+                        ..GrpcRuntimeConfig::default()
+                    },
+                )
+                .await?,
             ),
         })
     }
@@ -307,6 +317,11 @@ pub struct ServeArgs {
     /// such a coordinator refuses to start (docs/security.md).
     #[arg(long, env = "CLAWGATE_INSECURE")]
     pub insecure: bool,
+    /// gRPC over TLS and mutual TLS: served, and used to call the store
+    /// and an external runtime at `https://` addresses
+    /// (docs/run-coordinator.md).
+    #[command(flatten)]
+    pub tls: clawgate_telemetry::tls::TlsArgs,
     #[command(flatten)]
     pub coordinator: CoordinatorArgs,
 }
@@ -325,14 +340,15 @@ impl ServeArgs {
     }
 
     /// Refuses settings that would leave the coordinator open: service
-    /// tokens shorter than the shortest secret allowed, or none on an
-    /// address beyond loopback without `--insecure`.
+    /// tokens shorter than the shortest secret allowed, or neither tokens
+    /// nor mutual TLS on an address beyond loopback without `--insecure`.
     pub fn check(&self) -> Result<(), String> {
         clawgate_telemetry::service_auth::check_exposure(
             "the run coordinator",
             self.listen,
             self.service_token.as_ref(),
             &self.callers,
+            self.tls.mutual(),
             self.insecure,
         )
     }

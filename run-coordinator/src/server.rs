@@ -14,7 +14,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 
 use crate::cli::ServeArgs;
 use crate::coordinator::Coordinator;
@@ -31,14 +30,25 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     args.check().map_err(anyhow::Error::msg)?;
     check_transport(&args)?;
-    let store = RemoteStore::connect_with(&args.store_address, args.service_token.as_ref())
-        .await
-        .context("connecting to the session store")?;
+    let server_tls = args.tls.server().map_err(anyhow::Error::msg)?;
+    let client_tls = args.tls.client().map_err(anyhow::Error::msg)?;
+    let store = RemoteStore::connect_with(
+        &args.store_address,
+        args.service_token.as_ref(),
+        Some(&client_tls),
+    )
+    .await
+    .context("connecting to the session store")?;
     let metrics_listener = TcpListener::bind(args.metrics_listen).await?;
-    let runtime = args.coordinator.runtime.build().await?;
+    let runtime = args.coordinator.runtime.build(Some(&client_tls)).await?;
     let mut config = args.coordinator.config();
     if config.ownership.advertise_address.is_empty() {
-        config.ownership.advertise_address = format!("http://{}", listener.local_addr()?);
+        let scheme = if server_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        config.ownership.advertise_address = format!("{scheme}://{}", listener.local_addr()?);
     }
     let coordinator = Coordinator::start(Arc::new(store), runtime, config)
         .await
@@ -49,6 +59,7 @@ pub async fn serve(
         metrics_listener: Some(metrics_listener),
         service_tokens: args.callers.accepted(args.service_token.as_ref()),
         loss_watchdog: true,
+        tls: server_tls,
     };
     serve_coordinator(coordinator, options, listener, shutdown).await
 }
@@ -69,6 +80,8 @@ pub struct ServeOptions {
     /// by its deadline (`stop.rs`): for a process whose end is the remedy
     /// (the coordinator's binary, the all-in-one), never for a test.
     pub loss_watchdog: bool,
+    /// TLS (and mTLS) of the gRPC server; none, plaintext.
+    pub tls: Option<clawgate_telemetry::tls::ServerTls>,
 }
 
 impl Default for ServeOptions {
@@ -79,6 +92,7 @@ impl Default for ServeOptions {
             metrics_listener: None,
             service_tokens: None,
             loss_watchdog: false,
+            tls: None,
         }
     }
 }
@@ -146,7 +160,12 @@ pub async fn serve_coordinator(
     ])
     .context("building the reflection service")?;
     let address = listener.local_addr()?;
-    tracing::info!(%address, epoch = coordinator.epoch(), "run coordinator serving gRPC");
+    tracing::info!(
+        %address,
+        epoch = coordinator.epoch(),
+        tls = options.tls.is_some(),
+        "run coordinator serving gRPC"
+    );
     let stop = Stop {
         coordinator,
         health,
@@ -170,7 +189,7 @@ pub async fn serve_coordinator(
         .add_service(reflection_v1alpha)
         .add_service(service)
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            clawgate_telemetry::tls::incoming(listener, options.tls.as_ref()),
             stop.run(shutdown),
         );
     // The server returns once every open call ended; one that does not end

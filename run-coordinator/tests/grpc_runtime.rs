@@ -373,7 +373,7 @@ async fn an_unreachable_runtime_is_a_retryable_error() {
 
     let config = GrpcRuntimeConfig {
         connect_timeout: Duration::from_secs(2),
-        request_timeout: None,
+        ..GrpcRuntimeConfig::default()
     };
     // Connecting is lazy: the coordinator may start before the runtime.
     let client = GrpcRuntime::connect(&address, config).await.unwrap();

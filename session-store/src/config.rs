@@ -43,6 +43,11 @@ pub struct StoreConfig {
     #[arg(long, env = "CLAWGATE_INSECURE")]
     pub insecure: bool,
 
+    /// gRPC over TLS, and mutual TLS (`--tls-cert`, `--tls-key`,
+    /// `--tls-client-ca`; docs/session-store.md).
+    #[command(flatten)]
+    pub tls: clawgate_telemetry::tls::TlsArgs,
+
     /// Where the data lives: a file path (the embedded store) or a
     /// `postgres://` URL.
     #[arg(
@@ -119,13 +124,15 @@ impl StoreConfig {
 
     /// Refuses settings that would leave the store open: service tokens
     /// shorter than the shortest secret allowed or given to two caller
-    /// kinds, or none on an address beyond loopback without `--insecure`.
+    /// kinds, or neither tokens nor mutual TLS on an address beyond loopback
+    /// without `--insecure`.
     pub fn check(&self) -> Result<(), String> {
         clawgate_telemetry::service_auth::check_exposure(
             "the session store",
             self.listen,
             self.service_token.as_ref(),
             &self.callers,
+            self.tls.mutual(),
             self.insecure,
         )
     }

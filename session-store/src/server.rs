@@ -12,7 +12,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 
 use crate::backend::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::backend::postgres::{PgOptions, PostgresStore};
@@ -43,6 +42,8 @@ pub struct ServeOptions {
     pub service_tokens: Option<clawgate_telemetry::CallerTokens>,
     /// Every operation answers within this, or UNAVAILABLE.
     pub operation_timeout: Duration,
+    /// TLS (and mTLS) of the gRPC server; none, plaintext.
+    pub tls: Option<clawgate_telemetry::tls::ServerTls>,
 }
 
 impl Default for ServeOptions {
@@ -56,6 +57,7 @@ impl Default for ServeOptions {
             grpc_max_message_bytes: MAX_MESSAGE_BYTES,
             service_tokens: None,
             operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -117,6 +119,7 @@ pub async fn serve(
     config.check().map_err(anyhow::Error::msg)?;
     let options = ServeOptions {
         metrics_listener: Some(TcpListener::bind(config.metrics_listen).await?),
+        tls: config.tls.server().map_err(anyhow::Error::msg)?,
         ..ServeOptions::from(&config)
     };
     check_transport(&options)?;
@@ -166,8 +169,8 @@ pub async fn serve_store(
         options.purge_interval,
     ));
     let address = listener.local_addr()?;
-    tracing::info!(%address, "session store serving gRPC");
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tracing::info!(%address, tls = options.tls.is_some(), "session store serving gRPC");
+    let incoming = clawgate_telemetry::tls::incoming(listener, options.tls.as_ref());
     let result = Server::builder()
         .layer(clawgate_telemetry::GrpcServerTraceLayer)
         .layer(clawgate_telemetry::ServiceAuthLayer::new(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clawgate_proto::agent_runtime::v1 as pb;
 use clawgate_proto::agent_runtime::v1::agent_runtime_server::{AgentRuntime, AgentRuntimeServer};
+use clawgate_telemetry::tls::{ServerTls, incoming};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::net::TcpListener;
@@ -20,6 +21,7 @@ pub struct CountingRuntime {
     pub address: SocketAddr,
     executions: Arc<Mutex<HashMap<String, u32>>>,
     stop: CancellationToken,
+    scheme: &'static str,
 }
 
 #[derive(Clone)]
@@ -89,6 +91,16 @@ impl AgentRuntime for Service {
 
 impl CountingRuntime {
     pub async fn start(delay: Duration) -> Self {
+        Self::start_with(delay, None).await
+    }
+
+    /// Serving over TLS (mutual TLS when `tls` requires client
+    /// certificates): its [`url`](Self::url) is `https://`.
+    pub async fn start_tls(delay: Duration, tls: ServerTls) -> Self {
+        Self::start_with(delay, Some(tls)).await
+    }
+
+    async fn start_with(delay: Duration, tls: Option<ServerTls>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let executions = Arc::new(Mutex::new(HashMap::new()));
@@ -102,7 +114,7 @@ impl CountingRuntime {
             tonic::transport::Server::builder()
                 .add_service(AgentRuntimeServer::new(service))
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    incoming(listener, tls.as_ref()),
                     until.cancelled_owned(),
                 ),
         );
@@ -110,11 +122,12 @@ impl CountingRuntime {
             address,
             executions,
             stop,
+            scheme: if tls.is_some() { "https" } else { "http" },
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.address)
+        format!("{}://{}", self.scheme, self.address)
     }
 
     /// How many times each run was executed so far.

@@ -143,10 +143,10 @@ fn prod_runs_a_real_runtime_with_its_key_from_the_secret() {
 fn internal_callers_in_other_namespaces_can_route() {
     let prod = Rendered::of(&Manifests::copy(), "overlays/prod", &[]);
     let coordinator = prod.coordinator();
-    // A full name: resolvable from any namespace.
+    // A full name, resolvable from any namespace, over TLS (service-tls).
     assert_eq!(
         coordinator.coordinator.advertise_address.as_deref(),
-        Some("http://run-coordinator-0.run-coordinator.clawgate.svc.cluster.local:50062")
+        Some("https://run-coordinator-0.run-coordinator.clawgate.svc.cluster.local:50062")
     );
     let set = prod.one("StatefulSet", "run-coordinator");
     let headless = prod.one("Service", set["spec"]["serviceName"].as_str().unwrap());

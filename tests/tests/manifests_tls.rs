@@ -19,7 +19,7 @@ fn cache() -> &'static Path {
 
 /// The prod overlay with the service-tls component (once prod lists the
 /// component itself, this is the prod overlay alone).
-const PROD_WITH_SERVICE_TLS: (&str, &[&str]) = ("overlays/prod", &["components/service-tls"]);
+const PROD_WITH_SERVICE_TLS: (&str, &[&str]) = ("overlays/prod", &[]);
 
 /// Where the store reads the database's CA (docs/deploy.md's DSN).
 const POSTGRES_CA: &str = "/etc/clawgate/postgres-ca/ca.crt";

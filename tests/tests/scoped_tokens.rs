@@ -61,7 +61,7 @@ async fn start() -> System {
 /// from the store, the calls to the session's owner), with `token`.
 async fn router_with(cluster: &System, token: &str) -> Router {
     let tokens = token.parse().unwrap();
-    let store = RemoteStore::connect_with(&cluster.store().url(), Some(&tokens))
+    let store = RemoteStore::connect_with(&cluster.store().url(), Some(&tokens), None)
         .await
         .unwrap();
     let mut config = RouterConfig::new(&cluster.coordinator().url()).unwrap();

@@ -304,6 +304,11 @@ pub struct EdgeConfig {
     /// service token (so those must serve anyone; docs/security.md).
     #[arg(long, env = "CLAWGATE_INSECURE")]
     pub insecure: bool,
+    /// gRPC to the store and the coordinators over TLS (their addresses
+    /// written `https://…`), presenting `--tls-cert` to servers that
+    /// require client certificates (docs/gateway-edge.md).
+    #[command(flatten)]
+    pub tls: clawgate_telemetry::tls::TlsArgs,
     /// Most WebSocket connections at once, each counted from its upgrade
     /// until its socket is gone, authenticated or not; one more is refused
     /// 503 before it is upgraded.
@@ -400,7 +405,10 @@ impl EdgeConfig {
         let remote_backend = std::iter::once(self.store_address.as_str())
             .chain(self.coordinator_address.split(','))
             .find(|address| !is_loopback_address(address.trim()));
-        if let (true, None, Some(backend)) = (exposed, &self.service_token, remote_backend) {
+        // A client certificate authenticates the edge to backends that
+        // require one (mutual TLS), as a token would.
+        let authenticated = self.service_token.is_some() || self.tls.tls_cert.is_some();
+        if let (true, false, Some(backend)) = (exposed, authenticated, remote_backend) {
             anyhow::bail!(
                 "the edge listens on {}, beyond loopback, and calls {} with no service token: \
                  that service must then serve anyone. Set CLAWGATE_SERVICE_TOKEN (docs/security.md), \

@@ -39,8 +39,9 @@ impl Backends {
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5));
         let tokens = config.service_token.as_ref();
+        let tls = config.tls.client().map_err(anyhow::Error::msg)?;
         let store = RemoteStore::new(service_channel(
-            endpoint.connect_lazy(),
+            tls.lazy_channel(&endpoint),
             endpoint.uri(),
             tokens,
         ));
@@ -48,6 +49,7 @@ impl Backends {
         routing.failover_timeout = config.coordinator_failover_timeout;
         routing.keepalive = config.coordinator_keepalive;
         routing.tokens = tokens.cloned();
+        routing.tls = Some(tls);
         routing.run_routes = config.coordinator_run_routes;
         routing.lease_watch_interval = config.coordinator_lease_watch_interval;
         Ok(Self {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawgate_telemetry::ServiceTokens;
+use clawgate_telemetry::tls::ClientTls;
 use tokio::time::Instant;
 
 use super::map::PartitionMap;
@@ -22,6 +23,9 @@ pub struct RouterConfig {
     pub keepalive: Duration,
     /// The service token the calls carry.
     pub tokens: Option<ServiceTokens>,
+    /// How `https://` coordinators are reached (CAs, client certificate);
+    /// none: the Mozilla roots and no client certificate.
+    pub tls: Option<ClientTls>,
     /// Most runs whose session is remembered for run-scoped calls.
     pub run_routes: usize,
     /// How often the store looks for lease changes for this router.
@@ -47,6 +51,7 @@ impl RouterConfig {
             failover_timeout: Duration::from_secs(30),
             keepalive: Duration::from_secs(2),
             tokens: None,
+            tls: None,
             run_routes: Self::DEFAULT_RUN_ROUTES,
             lease_watch_interval: Duration::from_secs(1),
         })

@@ -91,10 +91,7 @@ impl Router {
         );
         let mut clients = HashMap::new();
         for address in &config.addresses {
-            clients.insert(
-                address.clone(),
-                client_for(address, config.keepalive, config.tokens.as_ref())?,
-            );
+            clients.insert(address.clone(), client_for(address, &config)?);
         }
         let routes = watch::Sender::new(Routes {
             map: Arc::default(),

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use clawgate_proto::run_coordinator::v1::run_coordinator_client::RunCoordinatorClient;
-use clawgate_telemetry::{ServiceTokens, TracedChannel, service_channel};
+use clawgate_telemetry::tls::client::lazy_channel;
+use clawgate_telemetry::{TracedChannel, service_channel};
 use futures::StreamExt;
 use session_store_api::model::LeaseTable;
 use session_store_api::{SessionKey, SessionStore, grpc::client::RemoteStore};
@@ -53,18 +54,24 @@ pub(super) struct Shared {
     pub last_refresh: tokio::sync::Mutex<Option<Instant>>,
 }
 
+/// A client of the coordinator at `address` (`https://`: over TLS),
+/// connected at its first call.
 pub(super) fn client_for(
     address: &str,
-    keepalive: Duration,
-    tokens: Option<&ServiceTokens>,
+    config: &RouterConfig,
 ) -> anyhow::Result<CoordinatorClient> {
+    let keepalive = config.keepalive;
     let endpoint = Endpoint::from_shared(address.to_owned())?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(keepalive)
         .keep_alive_timeout(keepalive)
         .keep_alive_while_idle(true);
-    let channel = service_channel(endpoint.connect_lazy(), endpoint.uri(), tokens);
+    let channel = service_channel(
+        lazy_channel(&endpoint, config.tls.as_ref()),
+        endpoint.uri(),
+        config.tokens.as_ref(),
+    );
     Ok(RunCoordinatorClient::new(channel)
         .max_decoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES)
         .max_encoding_message_size(clawgate_common::limits::GRPC_MAX_MESSAGE_BYTES))
@@ -76,7 +83,7 @@ impl Shared {
         if let Some(client) = clients.get(address) {
             return Ok(client.clone());
         }
-        let client = client_for(address, self.config.keepalive, self.config.tokens.as_ref())?;
+        let client = client_for(address, &self.config)?;
         if clients.len() >= MAX_CLIENTS {
             let routes = self.routes.borrow();
             let named = routes.map.addresses();

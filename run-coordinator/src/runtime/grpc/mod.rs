@@ -17,6 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clawgate_proto::agent_runtime::v1 as pb;
 use clawgate_proto::agent_runtime::v1::agent_runtime_client::AgentRuntimeClient;
+use clawgate_telemetry::tls::ClientTls;
+use clawgate_telemetry::tls::client::lazy_channel;
 use clawgate_telemetry::{TracedChannel, traced_channel};
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -50,6 +52,9 @@ pub struct GrpcRuntimeConfig {
     /// Bound on one whole `Execute` call, stream included. `None`: only the
     /// run's deadline (which the coordinator enforces) applies.
     pub request_timeout: Option<Duration>,
+    /// How an `https://` runtime is reached (CAs, client certificate);
+    /// none: the Mozilla roots and no client certificate.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for GrpcRuntimeConfig {
@@ -57,6 +62,7 @@ impl Default for GrpcRuntimeConfig {
         Self {
             connect_timeout: Duration::from_secs(5),
             request_timeout: None,
+            tls: None,
         }
     }
 }
@@ -70,8 +76,9 @@ pub struct GrpcRuntime {
 }
 
 impl GrpcRuntime {
-    /// Prepares a channel to `address` (`http://host:port`; a bare
-    /// `host:port` gets `http://`). The connection is made lazily, on the
+    /// Prepares a channel to `address` (`http://host:port`, or
+    /// `https://host:port` over TLS with `config.tls`; a bare `host:port`
+    /// gets `http://`). The connection is made lazily, on the
     /// first call, so the coordinator can start before the runtime; an
     /// unreachable runtime shows up as a retryable error from `execute`.
     pub async fn connect(address: &str, config: GrpcRuntimeConfig) -> Result<Self, RuntimeError> {
@@ -90,7 +97,7 @@ impl GrpcRuntime {
             })?
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true);
-        let channel = traced_channel(endpoint.connect_lazy(), endpoint.uri());
+        let channel = traced_channel(lazy_channel(&endpoint, config.tls.as_ref()), endpoint.uri());
         let client = AgentRuntimeClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);

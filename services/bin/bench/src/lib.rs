@@ -118,6 +118,7 @@
 
 pub mod client;
 pub mod floor;
+pub mod grpc_tls;
 pub mod http;
 pub mod plan;
 pub mod procs;

@@ -109,7 +109,8 @@ impl Systems {
 struct SuiteArgs {
     #[command(flatten)]
     systems: Systems,
-    /// Topologies, comma-separated: all-in-one, split.
+    /// Topologies, comma-separated: all-in-one, split (plaintext gRPC),
+    /// split-tls, split-mtls (gRPC over TLS, mutual TLS; test certificates).
     #[arg(long, value_delimiter = ',', default_value = "all-in-one,split")]
     topologies: Vec<String>,
     /// Store backends, comma-separated: embedded, postgres.
@@ -345,8 +346,9 @@ async fn suite(args: SuiteArgs) -> anyhow::Result<(Vec<Row>, Vec<Row>)> {
         .topologies
         .iter()
         .map(|name| {
-            Topology::parse(name)
-                .with_context(|| format!("unknown topology {name:?} (all-in-one, split)"))
+            Topology::parse(name).with_context(|| {
+                format!("unknown topology {name:?} (all-in-one, split, split-tls, split-mtls)")
+            })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let backends = args

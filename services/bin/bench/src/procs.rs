@@ -16,6 +16,7 @@ use tokio::time::Instant;
 pub use clawgate_common::process::procfs::{cpu_ticks, machine_ticks, open_files_limit};
 pub use clawgate_common::process::{START_TIMEOUT, service_command};
 
+use crate::grpc_tls::{GrpcTls, TlsFiles, url};
 use crate::http;
 use crate::plan::Echo;
 
@@ -62,17 +63,25 @@ pub struct Settings {
 pub enum Topology {
     /// `clawgate`: one process.
     AllInOne,
-    /// `session-store`, `run-coordinator`, `gateway-edge`.
-    Split,
+    /// `session-store`, `run-coordinator`, `gateway-edge`, their gRPC
+    /// hops plaintext, over TLS or over mutual TLS.
+    Split(GrpcTls),
 }
 
 impl Topology {
-    pub const ALL: [Topology; 2] = [Self::AllInOne, Self::Split];
+    pub const ALL: [Topology; 4] = [
+        Self::AllInOne,
+        Self::Split(GrpcTls::Off),
+        Self::Split(GrpcTls::Tls),
+        Self::Split(GrpcTls::Mutual),
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::AllInOne => "all-in-one",
-            Self::Split => "split",
+            Self::Split(GrpcTls::Off) => "split",
+            Self::Split(GrpcTls::Tls) => "split-tls",
+            Self::Split(GrpcTls::Mutual) => "split-mtls",
         }
     }
 
@@ -100,6 +109,8 @@ pub struct System {
     pub edge_pid: u32,
     /// In start order (store first).
     services: Vec<Process>,
+    /// The certificates of a split topology over TLS.
+    _tls: Option<TlsFiles>,
 }
 
 impl System {
@@ -113,7 +124,19 @@ impl System {
         settings: &Settings,
     ) -> anyhow::Result<Self> {
         let mut services = Vec::new();
-        let started = start_services(topology, bin_dir, store, settings, &mut services).await;
+        let tls = match topology {
+            Topology::Split(mode) => mode.files()?,
+            Topology::AllInOne => None,
+        };
+        let started = start_services(
+            topology,
+            bin_dir,
+            store,
+            settings,
+            tls.as_ref(),
+            &mut services,
+        )
+        .await;
         let ready = match started {
             Ok(()) => {
                 let edge = services.last().expect("the edge started");
@@ -132,6 +155,7 @@ impl System {
             url: format!("ws://{}", edge.address),
             edge_pid: edge.pid().context("the edge's pid")?,
             services,
+            _tls: tls,
         })
     }
 
@@ -206,6 +230,7 @@ async fn start_services(
     bin_dir: &Path,
     store: &str,
     settings: &Settings,
+    tls: Option<&TlsFiles>,
     services: &mut Vec<Process>,
 ) -> anyhow::Result<()> {
     if topology == Topology::AllInOne {
@@ -213,13 +238,21 @@ async fn start_services(
         services.push(start_service(command, "clawgate", EDGE_READY).await?);
         return Ok(());
     }
-    let command = store_command(bin_dir, store, &[])?;
+    let with_tls = |mut command: Command, service: &str| {
+        if let Some(files) = tls {
+            files.apply(&mut command, service);
+        }
+        command
+    };
+    let command = with_tls(store_command(bin_dir, store, &[])?, "store");
     services.push(start_service(command, "session-store", STORE_READY).await?);
-    let store_url = services[0].url();
+    let store_url = url(tls, services[0].address);
     let command = coordinator_command(bin_dir, &store_url, settings)?;
+    let command = with_tls(command, "coordinator");
     services.push(start_service(command, "run-coordinator", COORDINATOR_READY).await?);
-    let coordinator_url = services[1].url();
+    let coordinator_url = url(tls, services[1].address);
     let command = edge_command(bin_dir, &coordinator_url, &store_url, settings)?;
+    let command = with_tls(command, "edge");
     services.push(start_service(command, "gateway-edge", EDGE_READY).await?);
     Ok(())
 }

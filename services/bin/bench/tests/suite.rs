@@ -75,3 +75,34 @@ async fn the_suite_reports_every_scenario_on_every_system() {
         assert!(left.is_empty(), "database {name} was not dropped");
     }
 }
+
+/// The split topology with its gRPC hops over TLS and over mutual TLS
+/// (test certificates the bench makes) measures the ACK as the plaintext
+/// one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_split_topology_runs_over_tls_and_mutual_tls() {
+    let gateway = clawgate_system_tests::process::binary_path("gateway-edge");
+    for service in ["session-store", "run-coordinator"] {
+        clawgate_system_tests::process::binary_path(service);
+    }
+    let bin_dir = gateway.parent().unwrap().to_string_lossy().into_owned();
+    let (printed, _) = bench(&[
+        "suite",
+        "--bin-dir",
+        &bin_dir,
+        "--backends",
+        "embedded",
+        "--topologies",
+        "split-tls,split-mtls",
+        "--scenarios",
+        "ack",
+        "--connections",
+        "2",
+        "--requests",
+        "2",
+    ])
+    .await;
+    for topology in ["split-tls", "split-mtls"] {
+        assert_measured(&printed, "chat.send ack", topology, "embedded", 2);
+    }
+}

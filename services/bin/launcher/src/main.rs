@@ -71,8 +71,15 @@ async fn main() -> anyhow::Result<()> {
             .map(TcpListener::local_addr)
             .transpose()?,
     };
+    // Plaintext on loopback unless the TLS flags say otherwise: then the
+    // edge's hops to the store and the coordinator are TLS too.
+    let store_tls = store_config.tls.server().map_err(anyhow::Error::msg)?;
+    let coordinator_tls = coordinator_args.tls.server().map_err(anyhow::Error::msg)?;
+    let scheme = |tls: &Option<_>| if tls.is_some() { "https" } else { "http" };
+    let (store_scheme, coordinator_scheme) = (scheme(&store_tls), scheme(&coordinator_tls));
     let options = ServeOptions {
         metrics_listener: Some(store_metrics_listener),
+        tls: store_tls,
         ..ServeOptions::from(&store_config)
     };
     let backend = open_backend(&store_config).await?;
@@ -95,10 +102,14 @@ async fn main() -> anyhow::Result<()> {
         store_stop.clone().cancelled_owned(),
     ));
     let coordinator_settings = &coordinator_args.coordinator;
-    let runtime = coordinator_settings.runtime.build().await?;
+    let runtime_tls = coordinator_args.tls.client().map_err(anyhow::Error::msg)?;
+    let runtime = coordinator_settings
+        .runtime
+        .build(Some(&runtime_tls))
+        .await?;
     let coordinator = Coordinator::start(store, runtime, coordinator_settings.config()).await?;
-    edge_config.coordinator_address = format!("http://{}", bound.coordinator);
-    edge_config.store_address = format!("http://{}", bound.store);
+    edge_config.coordinator_address = format!("{coordinator_scheme}://{}", bound.coordinator);
+    edge_config.store_address = format!("{store_scheme}://{}", bound.store);
     edge_config.listen = bound.edge;
     let auth = match edge_config.auth_mode {
         AuthMode::Token if made_token => {
@@ -162,6 +173,7 @@ async fn main() -> anyhow::Result<()> {
             .accepted(coordinator_args.service_token.as_ref()),
         // This process is the coordinator's: its end is the remedy.
         loss_watchdog: true,
+        tls: coordinator_tls,
     };
     let served = run_coordinator::server::serve_coordinator(
         coordinator,

@@ -18,6 +18,7 @@ mod logs;
 pub mod metrics;
 pub mod propagation;
 pub mod service_auth;
+pub mod tls;
 
 use std::time::Duration;
 

@@ -128,19 +128,22 @@ pub fn check_secret_length(what: &str, secret: &str) -> Result<(), String> {
 /// What a server listening beyond loopback without a service token says
 /// when it is not told `--insecure`: the reason, and the three ways out.
 const EXPOSED: &str = "anyone who reaches it could call every RPC. Set CLAWGATE_SERVICE_TOKEN \
-     or the per-kind CLAWGATE_*_TOKENS (docs/security.md), listen on loopback, or pass \
-     --insecure (CLAWGATE_INSECURE=true) to serve without authentication anyway";
+     or the per-kind CLAWGATE_*_TOKENS (docs/security.md), require client certificates \
+     (CLAWGATE_TLS_CLIENT_CA with CLAWGATE_TLS_CERT and CLAWGATE_TLS_KEY: mutual TLS), listen on \
+     loopback, or pass --insecure (CLAWGATE_INSECURE=true) to serve without authentication anyway";
 
 /// The start-up rule of a gRPC server (`service`, listening on `listen`):
 /// its tokens (`shared`, what it sends, and the per-kind ones it accepts)
 /// must be long enough and each of one caller, and a server reachable
-/// beyond loopback must accept tokens, unless `insecure` says it is to be
-/// open. (Mutual TLS would be the other way to authenticate callers.)
+/// beyond loopback must authenticate its callers — by accepted tokens, or
+/// by mutual TLS (`mutual_tls`: client certificates required,
+/// `--tls-client-ca`) — unless `insecure` says it is to be open.
 pub fn check_exposure(
     service: &str,
     listen: std::net::SocketAddr,
     shared: Option<&ServiceTokens>,
     callers: &CallerTokenArgs,
+    mutual_tls: bool,
     insecure: bool,
 ) -> Result<(), String> {
     if let Some(shared) = shared {
@@ -149,7 +152,7 @@ pub fn check_exposure(
     callers.check(shared)?;
     match callers.accepted(shared) {
         Some(_) => Ok(()),
-        None if insecure || listen.ip().is_loopback() => Ok(()),
+        None if mutual_tls || insecure || listen.ip().is_loopback() => Ok(()),
         None => Err(format!(
             "{service} listens on {listen}, beyond loopback, with no service token: {EXPOSED}"
         )),
@@ -423,21 +426,29 @@ mod tests {
             ..CallerTokenArgs::default()
         };
         assert_eq!(
-            check_exposure("the store", local, None, &none, false),
+            check_exposure("the store", local, None, &none, false, false),
             Ok(())
         );
         assert_eq!(
-            check_exposure("the store", any, Some(&tokens), &none, false),
+            check_exposure("the store", any, Some(&tokens), &none, false, false),
             Ok(())
         );
         assert_eq!(
-            check_exposure("the store", any, None, &scoped, false),
+            check_exposure("the store", any, None, &scoped, false, false),
             Ok(())
         );
-        assert_eq!(check_exposure("the store", any, None, &none, true), Ok(()));
+        assert_eq!(
+            check_exposure("the store", any, None, &none, true, false),
+            Ok(()),
+            "mutual TLS authenticates the callers"
+        );
+        assert_eq!(
+            check_exposure("the store", any, None, &none, false, true),
+            Ok(())
+        );
         let short: ServiceTokens = "short".parse().unwrap();
-        assert!(check_exposure("the store", local, Some(&short), &scoped, false).is_err());
-        let refused = check_exposure("the store", any, None, &none, false).unwrap_err();
+        assert!(check_exposure("the store", local, Some(&short), &scoped, false, false).is_err());
+        let refused = check_exposure("the store", any, None, &none, false, false).unwrap_err();
         assert!(
             refused.starts_with("the store listens on 0.0.0.0:50061, beyond loopback, with no"),
             "{refused}"

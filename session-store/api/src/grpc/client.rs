@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 use clawgate_proto::session_store::v1 as pb;
 use clawgate_proto::session_store::v1::session_store_client::SessionStoreClient;
+use clawgate_telemetry::tls::ClientTls;
 use clawgate_telemetry::{ServiceTokens, TracedChannel, service_channel};
 use tonic::transport::Endpoint;
 
@@ -24,19 +25,39 @@ pub struct RemoteStore {
 impl RemoteStore {
     /// Connects to `http://host:port`.
     pub async fn connect(address: &str) -> StoreResult<Self> {
-        Self::connect_with(address, None).await
+        Self::connect_with(address, None, None).await
     }
 
-    /// Connects to `http://host:port`, every call carrying the first of
-    /// `tokens` (docs/security.md).
-    pub async fn connect_with(address: &str, tokens: Option<&ServiceTokens>) -> StoreResult<Self> {
+    /// Connects to `http://host:port` (or `https://…`, over TLS with
+    /// `tls`, or the Mozilla roots without it), every call carrying the
+    /// first of `tokens` (docs/security.md).
+    pub async fn connect_with(
+        address: &str,
+        tokens: Option<&ServiceTokens>,
+        tls: Option<&ClientTls>,
+    ) -> StoreResult<Self> {
         let endpoint = Endpoint::from_shared(address.to_owned())
             .map_err(|e| {
                 StoreError::invalid(format!("bad session-store address {address:?}: {e}"))
             })?
             .tcp_nodelay(true);
-        let channel = endpoint.connect().await.map_err(|e| {
-            StoreError::Unavailable(format!("cannot reach the session store at {address}: {e}"))
+        let tls = tls.unwrap_or_else(|| ClientTls::system());
+        let channel = tls.channel(&endpoint).await.map_err(|e| {
+            // tonic's own text is "transport error": the why (refused, a
+            // certificate not trusted, …) is in its sources.
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                let cause_text = cause.to_string();
+                // A wrapped io::Error repeats its inner error's text.
+                if !why.ends_with(&cause_text) {
+                    why = format!("{why}: {cause_text}");
+                }
+                source = cause.source();
+            }
+            StoreError::Unavailable(format!(
+                "cannot reach the session store at {address}: {why}"
+            ))
         })?;
         Ok(Self::new(service_channel(channel, endpoint.uri(), tokens)))
     }
