@@ -1029,3 +1029,101 @@ async fn usage_from_transcripts_embedded() {
 async fn usage_from_transcripts_postgres() {
     usage_from_transcripts(Backend::Postgres).await;
 }
+
+/// `sessions.patchMany`: one patch, checked once, applied to each target
+/// with its own expectations; `sessions.compact`: OpenClaw's no-op answer,
+/// with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_many_and_compact() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.admin"]).await;
+    let sent = client
+        .request(
+            "chat.send",
+            json!({"sessionKey": "many-a", "message": "hello", "idempotencyKey": "many-1"}),
+        )
+        .await;
+    assert_eq!(sent["ok"], true, "{sent}");
+    client
+        .request("agent.wait", json!({"runId": "many-1", "timeoutMs": 10000}))
+        .await;
+    let patched = client
+        .request(
+            "sessions.patchMany",
+            json!({
+                "targets": [
+                    {"key": "many-a"},
+                    {"key": "many-b", "expectedSessionId": "not-its-id"},
+                    {"key": "many-c"},
+                ],
+                "patch": {"label": "batch", "pinned": true},
+            }),
+        )
+        .await;
+    let outcomes = &patched["payload"]["outcomes"];
+    assert_eq!(outcomes[0], json!({"ok": true, "key": "agent:main:many-a"}));
+    assert_eq!(outcomes[1]["ok"], false, "{patched}");
+    assert_eq!(outcomes[1]["key"], "agent:main:many-b");
+    assert_eq!(outcomes[1]["error"]["code"], "INVALID_REQUEST");
+    assert_eq!(outcomes[2], json!({"ok": true, "key": "agent:main:many-c"}));
+    let listed = client.request("sessions.list", json!({})).await;
+    let labels: Vec<(String, Value)> = listed["payload"]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["key"].as_str().unwrap().to_owned(),
+                row["label"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        labels.contains(&("agent:main:many-a".into(), json!("batch"))),
+        "{labels:?}"
+    );
+    assert!(
+        labels.contains(&("agent:main:many-c".into(), json!("batch"))),
+        "{labels:?}"
+    );
+    assert!(
+        !labels.iter().any(|(key, _)| key == "agent:main:many-b"),
+        "{labels:?}"
+    );
+    for (params, message) in [
+        (
+            json!({"targets": [], "patch": {"label": "x"}}),
+            "invalid sessions.patchMany params: /targets must have 1 to 100 items",
+        ),
+        (
+            json!({"targets": [{"key": "many-a"}], "patch": {}}),
+            "invalid sessions.patchMany params: /patch must be an object with 1 property at least",
+        ),
+        (
+            json!({"targets": [{"key": "many-a", "label": "x"}], "patch": {"label": "x"}}),
+            "invalid sessions.patchMany params: /targets/0 must NOT have additional properties (label)",
+        ),
+    ] {
+        let refused = client.request("sessions.patchMany", params).await;
+        assert_eq!(refused["error"]["message"], message, "{refused}");
+    }
+
+    for (key, reason) in [
+        (
+            "many-a",
+            "compaction is not supported: this gateway keeps transcripts whole",
+        ),
+        ("many-c", "no transcript"),
+        ("many-none", "no sessionId"),
+    ] {
+        let compacted = client
+            .request("sessions.compact", json!({"key": key, "maxLines": 10}))
+            .await;
+        assert_eq!(
+            compacted["payload"],
+            json!({"ok": true, "key": format!("agent:main:{key}"), "compacted": false, "reason": reason}),
+        );
+    }
+    system.stop.cancel();
+}

@@ -75,6 +75,10 @@ fn valid_params(method: &str, tag: &str) -> Value {
         "sessions.patch" => json!({"key": format!("scopes-patch-{tag}"), "pinned": true}),
         "migrations.memory.plan" => json!({"agentId": "main"}),
         "chat.message.get" => json!({"sessionKey": "scopes-history", "messageId": "x:1"}),
+        "sessions.patchMany" => json!({
+            "targets": [{"key": format!("scopes-many-{tag}")}], "patch": {"pinned": true},
+        }),
+        "sessions.compact" => json!({"key": "scopes-history"}),
         "sessions.usage.timeseries" | "sessions.usage.logs" => json!({"key": "scopes-history"}),
         // Every other method's params are all optional.
         _ => json!({}),

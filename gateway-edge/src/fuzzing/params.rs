@@ -245,7 +245,7 @@ impl Harness {
         }
         let declared = methods::param_keys(method);
         if let Some(extra) = message
-            .split_once("must NOT have additional properties (")
+            .split_once("params: must NOT have additional properties (")
             .and_then(|(_, rest)| rest.strip_suffix(')'))
         {
             assert!(

@@ -17,6 +17,7 @@ mod attachments;
 mod catalog;
 mod chat;
 mod commands;
+mod compact;
 mod diagnostics;
 mod health;
 mod history;

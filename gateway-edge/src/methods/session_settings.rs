@@ -286,10 +286,107 @@ pub(super) async fn sessions_patch(call: &super::Call<'_>) -> Answer {
     let (edge, p) = (call.edge, &call.params);
     let key = key_for("sessions.patch", p.required_non_empty("key").map_err(fail)?)?;
     super::sessions::check_agent(p)?;
-    let store = &edge.backends.store;
-    let current = store.get_session(&key).await.map_err(store_error)?;
-    check_expectations(p, current.as_ref())?;
     let patch = patch_of(edge, p).await?;
+    let session = apply_patch(call, &key, p, patch).await?;
+    Ok(json!({
+        "ok": true, "path": "session-store", "key": key.as_str(),
+        "entry": session_row(&session, &[]), "resolved": resolved(edge, &session).await?,
+    }))
+}
+
+/// `sessions.patchMany`'s params, and what each of its targets may hold.
+pub(super) const SESSIONS_PATCH_MANY_KEYS: &[&str] = &["targets", "patch"];
+const PATCH_MANY_TARGET_KEYS: &[&str] = &[
+    "key",
+    "agentId",
+    "expectedSessionId",
+    "expectedLifecycleRevision",
+    "expectedSandboxMode",
+    "expectedPermissionMode",
+    "expectedNativeRuntimeConsent",
+    "expectedToolOverrides",
+    "expectedMarkedUnreadAt",
+];
+/// OpenClaw's bound on the targets of one `sessions.patchMany`.
+const MAX_PATCH_TARGETS: usize = 100;
+
+/// One patch to many sessions: the patch is checked once, then applied to
+/// each target in order, each with its own expectations; one that fails
+/// says why in its outcome and the others go on.
+pub(super) async fn sessions_patch_many(call: &super::Call<'_>) -> Answer {
+    let (edge, p) = (call.edge, &call.params);
+    let targets = match p.raw("targets") {
+        Some(Value::Array(targets)) if (1..=MAX_PATCH_TARGETS).contains(&targets.len()) => targets,
+        Some(Value::Array(_)) => {
+            return Err(fail(p.error(&format!(
+                "/targets must have 1 to {MAX_PATCH_TARGETS} items"
+            ))));
+        }
+        _ => {
+            return Err(fail(
+                p.error("must have required property 'targets' (an array)"),
+            ));
+        }
+    };
+    let mutation_keys: Vec<&str> = SESSIONS_PATCH_KEYS
+        .iter()
+        .copied()
+        .filter(|k| !PATCH_MANY_TARGET_KEYS.contains(k))
+        .collect();
+    let raw_patch = match p.raw("patch") {
+        Some(Value::Object(patch)) if !patch.is_empty() => p.raw("patch").expect("just matched"),
+        _ => {
+            return Err(fail(
+                p.error("/patch must be an object with 1 property at least"),
+            ));
+        }
+    };
+    let patch_params = Params::new("sessions.patchMany", raw_patch, &mutation_keys)
+        .map_err(|e| fail(nested(e, "/patch")))?;
+    let patch = patch_of(edge, &patch_params).await?;
+    let mut checked = Vec::with_capacity(targets.len());
+    for (n, target) in targets.iter().enumerate() {
+        let target = Params::new("sessions.patchMany", target, PATCH_MANY_TARGET_KEYS)
+            .map_err(|e| fail(nested(e, &format!("/targets/{n}"))))?;
+        let key = key_for(
+            "sessions.patchMany",
+            target.required_non_empty("key").map_err(fail)?,
+        )?;
+        super::sessions::check_agent(&target)?;
+        checked.push((key, target));
+    }
+    let mut outcomes = Vec::with_capacity(checked.len());
+    for (key, target) in &checked {
+        outcomes.push(match apply_patch(call, key, target, patch.clone()).await {
+            Ok(_) => json!({ "ok": true, "key": key.as_str() }),
+            Err((error, _)) => {
+                json!({ "ok": false, "key": key.as_str(), "error": error.to_value() })
+            }
+        });
+    }
+    Ok(json!({ "outcomes": outcomes }))
+}
+
+/// A refusal of a nested object's params, placed at its `path` (as a
+/// schema validator words it: `…params: /patch must NOT…`).
+fn nested(mut error: ErrorShape, path: &str) -> ErrorShape {
+    if let Some((head, rest)) = error.message.split_once("params: ") {
+        error.message = format!("{head}params: {path} {rest}");
+    }
+    error
+}
+
+/// Patches `key` with `patch` if the session is still as `expectations`
+/// say, and tells the session's watchers after the reply.
+async fn apply_patch(
+    call: &super::Call<'_>,
+    key: &SessionKey,
+    expectations: &Params<'_>,
+    patch: Map<String, Value>,
+) -> Result<Session, (ErrorShape, Option<Value>)> {
+    let store = &call.edge.backends.store;
+    let current = store.get_session(key).await.map_err(store_error)?;
+    check_expectations(expectations, current.as_ref())?;
     let out = store
         .patch_session(PatchSession {
             key: key.clone(),
@@ -300,14 +397,11 @@ pub(super) async fn sessions_patch(call: &super::Call<'_>) -> Answer {
         .map_err(store_error)?;
     super::sessions::changed_after_reply(
         call,
-        &key,
+        key,
         Some(out.session.session_id.to_string()),
         "patch",
     );
-    Ok(json!({
-        "ok": true, "path": "session-store", "key": key.as_str(),
-        "entry": session_row(&out.session, &[]), "resolved": resolved(edge, &out.session).await?,
-    }))
+    Ok(out.session)
 }
 
 /// The model a session's runs use: `{modelProvider, model}`.

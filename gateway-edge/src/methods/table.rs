@@ -10,8 +10,9 @@ use std::borrow::Cow;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
+use super::session_settings;
 use super::{Answer, Call};
-use super::{absent, agent, catalog, chat, health, history, runs, session_list, session_settings};
+use super::{absent, agent, catalog, chat, compact, health, history, runs, session_list};
 use super::{diagnostics, logs, preview, sessions, surfaces, usage};
 use crate::auth::registry;
 use crate::auth::scopes::{ADMIN, APPROVALS, Access, PAIRING, QUESTIONS, READ, WRITE};
@@ -164,6 +165,8 @@ method_table! {
     "sessions.resolve" (hidden), R, Closed(sessions::SESSIONS_RESOLVE_KEYS) => |call| sessions::sessions_resolve(call.edge, &call.params);
     "sessions.create", W, Closed(session_settings::SESSIONS_CREATE_KEYS) => |call| session_settings::sessions_create(call);
     "sessions.patch", W, Closed(session_settings::SESSIONS_PATCH_KEYS) => |call| session_settings::sessions_patch(call);
+    "sessions.patchMany" (hidden), W, Closed(session_settings::SESSIONS_PATCH_MANY_KEYS) => |call| session_settings::sessions_patch_many(call);
+    "sessions.compact" (hidden), A, Closed(compact::SESSIONS_COMPACT_KEYS) => |call| compact::sessions_compact(call);
     "sessions.reset", A, Closed(sessions::SESSIONS_RESET_KEYS) => |call| sessions::sessions_reset(call);
     "sessions.delete", Scope::ByParams(sessions::delete_scope), Closed(sessions::SESSIONS_DELETE_KEYS) => |call| sessions::sessions_delete(call);
     "sessions.subscribe", R, Ignored => |call| sessions::subscribe(call.conn, true);

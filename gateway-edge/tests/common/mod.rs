@@ -229,7 +229,9 @@ pub fn required_scope_with(method: &str, params: &Value) -> Option<&'static str>
         "channels.pairing.list" | "device.pair.list" => Some(PAIRING),
         "users.prefs.set" | "sessions.groups.defaults" | "worktrees.branches" => Some(WRITE),
         "agent" | "agent.wait" | "chat.send" | "chat.abort" | "sessions.abort"
-        | "sessions.send" | "sessions.create" | "sessions.patch" => Some(WRITE),
+        | "sessions.send" | "sessions.create" | "sessions.patch" | "sessions.patchMany" => {
+            Some(WRITE)
+        }
         "sessions.delete" if params.get("archivedOnly") == Some(&Value::Bool(true)) => Some(WRITE),
         "question.list" => Some(QUESTIONS),
         "plugin.approval.list"
