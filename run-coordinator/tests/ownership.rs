@@ -47,6 +47,12 @@ async fn a_second_static_coordinator_ends_the_first_ones_tenure() {
     .unwrap();
     first.submit(request("r1", "main")).await.unwrap();
     wait_until("r1 ran", DEADLINE, || runtime.count("r1") == 1).await;
+    // Its end written too: a write still in flight when the second one
+    // starts would end the first one's tenure before the check below.
+    wait_for("r1's end written", DEADLINE, async || {
+        status(&*store, "r1").await == Some(RunStatus::Ok)
+    })
+    .await;
 
     let second = Coordinator::start(
         store.clone(),
