@@ -1,7 +1,10 @@
 #!/usr/bin/env node
 // control_ui_pages.mjs — open every route of the OpenClaw Control UI's route table in the system
-// Chromium, one page load each, and check that no answer on the way is `ok:false` and no page
-// error is thrown; screenshot each page.
+// Chromium and check that no answer on the way is `ok:false` and no page error is thrown;
+// screenshot each page. The UI is loaded once and connects; each route is then opened the way a
+// user's click opens it (the router's history navigation), on that one connection. (A full page
+// load per route would race the UI against itself: on a fresh load a page may send its first
+// request before the client's `connect`, which any v4 gateway refuses and closes.)
 //
 // Usage:
 //   CLAWGATE_BROWSER_CACHE=/tmp/browser-cache CONTROL_UI_DIR=…/dist/control-ui \
@@ -93,26 +96,40 @@ page.on('websocket', (ws) => {
 page.on('pageerror', (e) => current?.errors.push(String(e?.message || e)));
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// Until nothing was asked or answered for QUIET_MS and nothing is pending, within PAGE_MS.
+async function settle(started) {
+  while (Date.now() - started < PAGE_MS) {
+    if (Date.now() - lastFrame >= QUIET_MS && pending.size === 0) return;
+    await sleep(100);
+  }
+  current.errors.push(`unanswered after ${PAGE_MS} ms: ${[...new Set(pending.values())].join(', ')}`);
+}
+
+// Load the UI once, on the chat page, and wait until it is connected and quiet.
+current = { route: '(load)', requests: [], refused: [], errors: [], answers: new Map() };
+const loaded = Date.now();
+lastFrame = loaded;
+await page.goto(`${BASE}/chat#token=${encodeURIComponent(TOKEN)}`, { timeout: PAGE_MS })
+  .catch((e) => current.errors.push(`navigation: ${e.message}`));
+while (Date.now() - loaded < PAGE_MS && !current.answers.has('connect')) await sleep(100);
+await settle(loaded);
+if (!current.answers.has('connect') || current.refused.length || current.errors.length) {
+  console.error(`RESULT: FAIL — the UI did not connect cleanly: ${[...current.refused, ...current.errors].join(' | ')}`);
+  process.exit(1);
+}
+const sockets_at_load = sockets;
+
 const results = [];
 let n = 0;
 for (const route of [...routes].sort()) {
   current = { route, requests: [], refused: [], errors: [], answers: new Map() };
-  pending.clear();
   const started = Date.now();
   lastFrame = started;
-  try {
-    await page.goto(`${BASE}${route}#token=${encodeURIComponent(TOKEN)}`, { timeout: PAGE_MS });
-  } catch (e) {
-    current.errors.push(`navigation: ${e.message}`);
-  }
-  // Done when connected, nothing is pending, and nothing moved for QUIET_MS.
-  while (Date.now() - started < PAGE_MS) {
-    const quiet = Date.now() - lastFrame >= QUIET_MS;
-    if (quiet && pending.size === 0 && current.requests.length > 0) break;
-    await sleep(100);
-  }
-  if (pending.size > 0) current.errors.push(`unanswered after ${PAGE_MS} ms: ${[...new Set(pending.values())].join(', ')}`);
-  if (current.requests.length === 0) current.errors.push('the page asked nothing (not connected?)');
+  await page.evaluate((path) => {
+    history.pushState(null, '', path);
+    dispatchEvent(new PopStateEvent('popstate', { state: null }));
+  }, route).catch((e) => current.errors.push(`navigation: ${e.message}`));
+  await settle(started);
   if (route === '/usage' && EXPECT_USAGE_TOKENS !== undefined) {
     const report = current.answers.get('sessions.usage');
     const total = report?.totals?.totalTokens;
@@ -129,13 +146,16 @@ for (const route of [...routes].sort()) {
   results.push({ route, clean });
 }
 current = null;
+// One connection all the way: a page that made the UI reconnect would show here.
+const reconnects = sockets - sockets_at_load;
 await context.close().catch(() => {});
 await browser.close().catch(() => {});
 
 const failed = results.filter((r) => !r.clean);
 console.log(`\nroutes: ${results.length}, clean: ${results.length - failed.length}`);
-if (failed.length) {
-  console.error(`RESULT: FAIL — ${failed.map((r) => r.route).join(', ')}`);
+console.log(`connections opened after the load: ${reconnects}`);
+if (failed.length || reconnects) {
+  console.error(`RESULT: FAIL — ${[...failed.map((r) => r.route), ...(reconnects ? ['reconnected'] : [])].join(', ')}`);
   process.exit(1);
 }
 console.log('RESULT: PASS');

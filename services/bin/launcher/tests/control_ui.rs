@@ -14,8 +14,9 @@
 //! and the frames the page exchanged are kept in
 //! `target/tmp/control-ui-artifacts/`.
 //!
-//! A second test opens every route of the Control UI's route table
-//! (`tests/browser/control_ui_pages.mjs`) against an all-in-one whose runs
+//! A second test opens every route of the Control UI's route table, as a
+//! click does, on one connection (`tests/browser/control_ui_pages.mjs`)
+//! against an all-in-one whose runs
 //! go through an OpenAI-compatible stub that reports token usage, after a
 //! restart: each page clean, the Usage page showing the tokens the stub
 //! reported before the restart; a screenshot of each page in
