@@ -341,13 +341,14 @@ pub(super) async fn sessions_patch_many(call: &super::Call<'_>) -> Answer {
             ));
         }
     };
-    let patch_params = Params::new("sessions.patchMany", raw_patch, &mutation_keys)
-        .map_err(|e| fail(nested(e, "/patch")))?;
+    let patch_params =
+        Params::nested("sessions.patchMany", "/patch", raw_patch, &mutation_keys).map_err(fail)?;
     let patch = patch_of(edge, &patch_params).await?;
     let mut checked = Vec::with_capacity(targets.len());
     for (n, target) in targets.iter().enumerate() {
-        let target = Params::new("sessions.patchMany", target, PATCH_MANY_TARGET_KEYS)
-            .map_err(|e| fail(nested(e, &format!("/targets/{n}"))))?;
+        let path = format!("/targets/{n}");
+        let target = Params::nested("sessions.patchMany", path, target, PATCH_MANY_TARGET_KEYS)
+            .map_err(fail)?;
         let key = key_for(
             "sessions.patchMany",
             target.required_non_empty("key").map_err(fail)?,
@@ -365,15 +366,6 @@ pub(super) async fn sessions_patch_many(call: &super::Call<'_>) -> Answer {
         });
     }
     Ok(json!({ "outcomes": outcomes }))
-}
-
-/// A refusal of a nested object's params, placed at its `path` (as a
-/// schema validator words it: `…params: /patch must NOT…`).
-fn nested(mut error: ErrorShape, path: &str) -> ErrorShape {
-    if let Some((head, rest)) = error.message.split_once("params: ") {
-        error.message = format!("{head}params: {path} {rest}");
-    }
-    error
 }
 
 /// Patches `key` with `patch` if the session is still as `expectations`

@@ -1,6 +1,8 @@
 //! Closed-schema checks of method params, with messages in the protocol's
 //! words: `invalid chat.send params: must have required property 'message'`.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use super::frames::ErrorShape;
@@ -8,6 +10,10 @@ use super::frames::ErrorShape;
 /// A request's params, checked against its method's schema.
 pub struct Params<'a> {
     method: &'a str,
+    /// Where these params sit in the request's (`/patch`, `/targets/0`):
+    /// empty for the request's own; refusals name it, as a schema
+    /// validator's do (`…params: /patch/label must be…`).
+    path: Cow<'a, str>,
     /// `None`: params a method ignores that are not an object.
     object: Option<&'a Map<String, Value>>,
 }
@@ -18,14 +24,34 @@ impl<'a> Params<'a> {
         Self::object(method, params)?.closed_to(allowed)
     }
 
+    /// An object inside a request's params, at `path` (`/patch`), held to
+    /// its own closed schema: its refusals name the path.
+    pub fn nested(
+        method: &'a str,
+        path: impl Into<Cow<'a, str>>,
+        value: &'a Value,
+        allowed: &[&str],
+    ) -> Result<Self, ErrorShape> {
+        Self::object_at(method, path.into(), value)?.closed_to(allowed)
+    }
+
     /// Params that must be an object, whatever its keys (a method that
     /// checks a union of shapes itself).
     pub fn object(method: &'a str, params: &'a Value) -> Result<Self, ErrorShape> {
-        let Value::Object(object) = params else {
-            return Err(Self::error_for(method, "must be object"));
+        Self::object_at(method, Cow::Borrowed(""), params)
+    }
+
+    fn object_at(
+        method: &'a str,
+        path: Cow<'a, str>,
+        value: &'a Value,
+    ) -> Result<Self, ErrorShape> {
+        let Value::Object(object) = value else {
+            return Err(Self::error_for(method, &path, "must be object"));
         };
         Ok(Self {
             method,
+            path,
             object: Some(object),
         })
     }
@@ -34,6 +60,7 @@ impl<'a> Params<'a> {
     pub fn ignored(method: &'a str, params: &'a Value) -> Self {
         Self {
             method,
+            path: Cow::Borrowed(""),
             object: params.as_object(),
         }
     }
@@ -53,6 +80,7 @@ impl<'a> Params<'a> {
         }
         Ok(Self {
             method: self.method,
+            path: self.path.clone(),
             object: self.object,
         })
     }
@@ -62,12 +90,19 @@ impl<'a> Params<'a> {
         self.method
     }
 
-    fn error_for(method: &str, reason: &str) -> ErrorShape {
-        ErrorShape::invalid(format!("invalid {method} params: {reason}"))
+    /// The refusal of `reason` at `path`: a reason about a key (`/label …`)
+    /// continues the path, one about the object itself follows it.
+    fn error_for(method: &str, path: &str, reason: &str) -> ErrorShape {
+        let at = match (path, reason.starts_with('/')) {
+            ("", _) => String::new(),
+            (path, true) => path.to_owned(),
+            (path, false) => format!("{path} "),
+        };
+        ErrorShape::invalid(format!("invalid {method} params: {at}{reason}"))
     }
 
     pub fn error(&self, reason: &str) -> ErrorShape {
-        Self::error_for(self.method, reason)
+        Self::error_for(self.method, &self.path, reason)
     }
 
     /// The value of `key` as sent, null included.
@@ -170,6 +205,40 @@ pub const fn concat_keys<const N: usize>(parts: &[&[&'static str]]) -> [&'static
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_inside_a_nested_object_name_its_path() {
+        let message = |e: ErrorShape| e.message;
+        let patch = serde_json::json!({ "pinned": "yes", "extra": 1 });
+        let refused = Params::nested("m", "/patch", &patch, &["pinned"])
+            .err()
+            .unwrap();
+        assert_eq!(
+            message(refused),
+            "invalid m params: /patch must NOT have additional properties (extra)"
+        );
+        let one = serde_json::json!({ "pinned": "yes" });
+        let nested = Params::nested("m", format!("/targets/{}", 3), &one, &["pinned"]).unwrap();
+        assert_eq!(
+            message(nested.boolean("pinned").unwrap_err()),
+            "invalid m params: /targets/3/pinned must be boolean"
+        );
+        let not_object = serde_json::json!(1);
+        assert_eq!(
+            message(
+                Params::nested("m", "/patch", &not_object, &[])
+                    .err()
+                    .unwrap()
+            ),
+            "invalid m params: /patch must be object"
+        );
+        // The request's own params: no path.
+        let top = Params::new("m", &one, &["pinned"]).unwrap();
+        assert_eq!(
+            message(top.boolean("pinned").unwrap_err()),
+            "invalid m params: /pinned must be boolean"
+        );
+    }
 
     #[test]
     fn key_lists_concatenate_in_order() {
