@@ -430,7 +430,7 @@ mod extractor {
         assert_eq!(paths("(docs/x.md),"), ["docs/x.md"]);
         // Out of the repository, or out of the doc's folder: a path, which
         // the lookup then refuses or finds.
-        assert_eq!(paths("../shared/x.rs"), ["../shared/x.rs"]);
+        assert_eq!(paths("../outside/x.rs"), ["../outside/x.rs"]);
         assert_eq!(paths("../gateway-edge/"), ["../gateway-edge/"]);
     }
 

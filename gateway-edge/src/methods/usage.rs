@@ -146,9 +146,7 @@ pub(super) async fn sessions_usage_timeseries(call: &Call<'_>) -> Answer {
         .map(|chunk| {
             let at = chunk.last().map_or(0, |(at, _)| *at);
             let sum = chunk.iter().fold(Totals::default(), |mut sum, (_, t)| {
-                sum.input += t.input;
-                sum.output += t.output;
-                sum.total += t.total;
+                sum.add(*t);
                 sum
             });
             (at, sum)

@@ -6,7 +6,7 @@
 //! in `missingCostEntries`; there is no prompt cache, so its counts are 0.
 //! Days are calendar days at a fixed UTC offset.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 use session_store_api::model::TranscriptEntry;
@@ -30,7 +30,7 @@ pub(super) struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, other: Totals) {
+    pub(super) fn add(&mut self, other: Totals) {
         self.input += other.input;
         self.output += other.output;
         self.total += other.total;
@@ -345,7 +345,7 @@ impl Rollup {
                 });
         let days = || self.days.iter();
         let by_creator_daily: Vec<Value> = days().map(|(date, day)| day_cost(date, day)).collect();
-        let dates: BTreeSet<&String> = self.days.keys().collect();
+        let dates: Vec<&String> = self.days.keys().collect();
         let mut aggregates = json!({
             "sessionCount": self.sessions,
             "messages": self.counts.json(),
