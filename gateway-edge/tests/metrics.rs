@@ -146,3 +146,61 @@ async fn metrics_are_served_apart_from_the_public_port_unless_asked() {
     assert!(scrape.value("clawgate_edge_sockets_open", "") >= 0.0);
     system.stop.cancel();
 }
+
+/// The first send to a session the store has never seen writes once before
+/// its ACK: the session row comes with the run record (CreateRun's
+/// `create_session`), not from a PatchSession of its own first. The session
+/// is there as soon as the send is answered, with its run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_send_to_a_new_session_is_one_store_write() {
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.read", "operator.write"]).await;
+    let served = |scrape: &Scrape, operation: &str| {
+        let labels = format!("{{operation=\"{operation}\",outcome=\"ok\"}}");
+        sample_value(
+            &scrape.0,
+            "clawgate_store_operation_duration_seconds_count",
+            &labels,
+        )
+        .unwrap_or(0.0)
+    };
+    let before = Scrape::of(system.store_metrics_address()).await;
+
+    let params = json!({"sessionKey":"brand-new","message":"hi","idempotencyKey":"n-1"});
+    let started = client.request("chat.send", params).await;
+    assert_eq!(started["payload"]["status"], "started", "{started}");
+    let after = Scrape::of(system.store_metrics_address()).await;
+    assert_eq!(
+        served(&after, "patch_session") - served(&before, "patch_session"),
+        0.0,
+        "no session write of its own"
+    );
+    assert_eq!(
+        served(&after, "create_run") - served(&before, "create_run"),
+        1.0
+    );
+    let described = client
+        .request("sessions.describe", json!({ "key": "brand-new" }))
+        .await;
+    assert_eq!(described["ok"], true, "{described}");
+
+    // The next send to it is made from the settings the edge now knows the
+    // session has: no read, one write again.
+    client
+        .event(|f| f["event"] == "chat" && f["payload"]["state"] == "final")
+        .await;
+    let before = Scrape::of(system.store_metrics_address()).await;
+    let params = json!({"sessionKey":"brand-new","message":"again","idempotencyKey":"n-2"});
+    let started = client.request("chat.send", params).await;
+    assert_eq!(started["payload"]["status"], "started", "{started}");
+    let after = Scrape::of(system.store_metrics_address()).await;
+    for (operation, expected) in [("get_session", 0.0), ("create_run", 1.0)] {
+        assert_eq!(
+            served(&after, operation) - served(&before, operation),
+            expected,
+            "{operation}"
+        );
+    }
+    system.stop.cancel();
+}

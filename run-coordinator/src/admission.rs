@@ -243,6 +243,7 @@ impl Inner {
                 request_json,
                 owner_token: Some(self.ownership.admission_token(&req.session_key)?),
                 expected_settings: req.expected_settings,
+                create_session: req.create_session,
             })
             .await?;
         // This instance's own earlier attempt at this key wrote the record,

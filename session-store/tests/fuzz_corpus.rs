@@ -269,6 +269,7 @@ fn write_store_seeds() {
                 request_json: serde_json::json!({ "message": turn.message }).to_string(),
                 owner_token: None,
                 expected_settings_digest: None,
+                create_session: false,
             },
         );
         push_request(

@@ -418,6 +418,7 @@ async fn refusals_quoting_large_input_or_records_stay_within_the_trailer_budget(
             owner: "o".into(),
             request_json: serde_json::json!({ "m": big }).to_string(),
             expected_settings: None,
+            create_session: false,
         })
         .await
         .unwrap();

@@ -155,6 +155,7 @@ fn seeds(seeded: &Seeded) -> Seeds {
                 owner: "fuzz-owner".into(),
                 request_json: "{}".into(),
                 expected_settings_digest: None,
+                create_session: false,
             },
         )
         .with(
@@ -242,6 +243,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
                 owner: "fuzz-owner".into(),
                 request_json: "{}".into(),
                 expected_settings: None,
+                create_session: false,
             })
             .await
             .unwrap();
@@ -259,6 +261,7 @@ async fn seed(store: &dyn SessionStore) -> Seeded {
             owner: "fuzz-owner".into(),
             request_json: serde_json::json!({ "message": "m".repeat(64 * 1024) }).to_string(),
             expected_settings: None,
+            create_session: false,
         })
         .await
         .unwrap();

@@ -145,6 +145,7 @@ pub(super) async fn agent(call: &Call<'_>) -> Answer {
         },
         // `agent` runs without the session's settings.
         expected_settings: None,
+        create_session: false,
     };
     let coordinator = &edge.backends.coordinator;
     // Awaited from before its Submit (see `FanIn::await_run`).

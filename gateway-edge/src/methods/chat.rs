@@ -8,7 +8,7 @@ use run_coordinator_api::model::{
     RunStatus, SubmitRequest, Submitted,
 };
 use serde_json::{Value, json};
-use session_store_api::SessionStore;
+use session_store_api::model::{EMPTY_SETTINGS, settings_digest};
 
 use super::{Answer, Call, backend_error, fail, key_for, trace};
 use crate::config::QueueMode;
@@ -126,6 +126,14 @@ const SETTINGS_RETRIES: usize = 3;
 /// store admits the run only with the settings it was made from (see
 /// `state/caches.rs`); when they changed, they are read again and the turn
 /// is submitted again with the same runId (nothing was admitted).
+///
+/// A session with no row is created by the admission's own write
+/// (`create_session`), made from the empty settings a new session has: it
+/// is in the store before its first send is answered, as the protocol's
+/// clients expect (`sessions.describe` right after the ack), and the ACK
+/// waits for one durable commit, not for a session write and then the
+/// run's. A session created meanwhile with other settings refuses the
+/// admission as any settings change does.
 async fn submit_with_settings(
     edge: &Arc<Edge>,
     conn: &Arc<Conn>,
@@ -138,14 +146,16 @@ async fn submit_with_settings(
             Some(settings) => settings,
             None => super::session_settings::read_turn_settings(edge, turn.session).await?,
         };
-        let settings = match settings.digest {
-            Some(_) => settings,
-            // A new session is in the store before its first send is
-            // answered, as the protocol's clients expect (`sessions.describe`
-            // right after the ack); the run's writer fence would create it
-            // only when it starts.
-            None => create_session(edge, turn.session).await?,
-        };
+        let create_session = settings.digest.is_none();
+        let expected_settings = settings
+            .digest
+            .unwrap_or_else(|| settings_digest(EMPTY_SETTINGS));
+        // What the cache keeps once the admission has created the session.
+        let created = create_session.then(|| TurnSettings {
+            options: settings.options.clone(),
+            queue_mode: settings.queue_mode,
+            digest: Some(expected_settings),
+        });
         let submit = SubmitRequest {
             run_id: turn.run_id.to_owned(),
             session_key: turn.session.clone(),
@@ -161,7 +171,8 @@ async fn submit_with_settings(
                 label: None,
                 attachments: turn.attachments.clone(),
             },
-            expected_settings: settings.digest,
+            expected_settings: Some(expected_settings),
+            create_session,
         };
         // Same runId on every attempt: a retry after a failover is idempotent.
         match edge.backends.coordinator.submit(submit).await {
@@ -169,29 +180,15 @@ async fn submit_with_settings(
                 edge.settings_cache.forget(turn.session);
                 attempts += 1;
             }
-            done => return done.map_err(backend_error),
+            Ok(done) => {
+                if let Some(created) = &created {
+                    edge.settings_cache.put(turn.session, created);
+                }
+                return Ok(done);
+            }
+            Err(refused) => return Err(backend_error(refused)),
         }
     }
-}
-
-/// Creates the row of a session sent to for the first time; its settings.
-async fn create_session(
-    edge: &Arc<Edge>,
-    key: &session_store_api::SessionKey,
-) -> Result<TurnSettings, (ErrorShape, Option<Value>)> {
-    let created = edge
-        .backends
-        .store
-        .patch_session(session_store_api::model::PatchSession {
-            key: key.clone(),
-            patch_json: "{}".into(),
-            create: true,
-        })
-        .await
-        .map_err(super::store_error)?;
-    let settings = super::session_settings::turn_settings_of(edge, Some(&created.session));
-    edge.settings_cache.put(key, &settings);
-    Ok(settings)
 }
 
 /// Submits a chat turn with the session's settings (its model) and answers

@@ -94,6 +94,10 @@ pub struct SubmitRequest {
     /// only if they are still the session's (`NewRun::expected_settings`).
     /// Not part of the fingerprint.
     pub expected_settings: Option<u64>,
+    /// `true`: a session with no row in the store is created by the
+    /// admission's own write (`NewRun::create_session`). Not part of the
+    /// fingerprint.
+    pub create_session: bool,
 }
 
 impl SubmitRequest {
@@ -105,6 +109,7 @@ impl SubmitRequest {
             session_key,
             spec,
             expected_settings: None,
+            create_session: false,
         }
     }
 }

@@ -158,6 +158,7 @@ pub fn request(run_id: &str, session: &str) -> run_coordinator_api::model::Submi
             attachments: Vec::new(),
         },
         expected_settings: None,
+        create_session: false,
     }
 }
 
@@ -430,6 +431,7 @@ pub fn local_req(
             attachments: Vec::new(),
         },
         expected_settings: None,
+        create_session: false,
     }
 }
 

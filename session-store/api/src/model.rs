@@ -274,6 +274,11 @@ pub struct NewRun {
     /// session exists with those settings still, else `SettingsChanged`.
     /// An existing record is returned whatever the settings.
     pub expected_settings: Option<u64>,
+    /// `true`: a session with no row is created in the same write, with
+    /// [`EMPTY_SETTINGS`], before `expected_settings` is checked (a new
+    /// session's first run is one commit, and the session exists once the
+    /// run does). A session that has a row is left as it is.
+    pub create_session: bool,
 }
 
 /// A digest of a session's `settings_json` (64-bit FNV-1a of its bytes):

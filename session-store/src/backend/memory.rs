@@ -225,8 +225,23 @@ impl SessionStore for MemoryStore {
         if let Some(existing) = inner.runs.get(&new.run_id) {
             return Ok(rules::existing_run(existing.clone(), &new));
         }
-        rules::check_settings(inner.slots.get(&new.session_key), &new)?;
-        let record = rules::new_run_record(&new, now_ms());
+        let now = now_ms();
+        if new.create_session {
+            // Checked on a copy: a refusal leaves no session behind.
+            let mut slot = inner
+                .slots
+                .get(&new.session_key)
+                .cloned()
+                .unwrap_or_default();
+            let created = rules::create_session_if_absent(&mut slot, now, Uuid::new_v4);
+            rules::check_settings(Some(&slot), &new)?;
+            if created {
+                inner.slots.insert(new.session_key.clone(), slot);
+            }
+        } else {
+            rules::check_settings(inner.slots.get(&new.session_key), &new)?;
+        }
+        let record = rules::new_run_record(&new, now);
         inner.runs.insert(new.run_id.clone(), record.clone());
         Ok(CreateRunOutcome {
             created: true,

@@ -2,7 +2,7 @@
 //! the version), and the start and finish of a run over its session's
 //! slot.
 
-use super::{SessionSlot, acquire, release, reserve_seqs};
+use super::{SessionSlot, SessionState, acquire, release, reserve_seqs};
 use crate::error::StoreError;
 use crate::key::SessionKey;
 use crate::model::*;
@@ -150,6 +150,22 @@ pub fn new_run_record(new: &NewRun, now_ms: i64) -> RunRecord {
         session_id: None,
         fence_token: None,
     }
+}
+
+/// CreateRun's `create_session`: a key with no session gets a fresh one
+/// with empty settings, as a first PatchSession of `{}` with create makes
+/// it. Returns whether it did (the slot then has to be written). Called
+/// only for a record about to be created, before [`check_settings`].
+pub fn create_session_if_absent(
+    slot: &mut SessionSlot,
+    now_ms: i64,
+    new_session_id: impl FnOnce() -> SessionId,
+) -> bool {
+    if slot.current.is_some() {
+        return false;
+    }
+    slot.current = Some(SessionState::fresh(new_session_id(), now_ms, None));
+    true
 }
 
 /// CreateRun's check of the settings the run was made from, against the

@@ -140,6 +140,7 @@ pub fn new_run(run_id: &str, k: &SessionKey, fingerprint: &str) -> NewRun {
         owner: "coordinator-1".to_owned(),
         request_json: r#"{"message":"hi"}"#.to_owned(),
         expected_settings: None,
+        create_session: false,
     }
 }
 
@@ -917,6 +918,7 @@ macro_rules! conformance_cases {
             settings_size_limit,
             settings_patch_needs_no_owner_token,
             create_run_checks_the_settings_it_was_made_from,
+            create_run_creates_a_new_session_in_the_same_write,
             start_run_is_one_commit,
             start_run_history_is_bounded,
             a_refused_start_run_writes_nothing,

@@ -528,3 +528,63 @@ pub async fn create_run_checks_the_settings_it_was_made_from(store: &dyn Session
         "the session is gone: {gone:?}"
     );
 }
+
+/// CreateRun with `create_session`: a key with no session gets one (empty
+/// settings, a session id) in the run's own write; one that has a row is
+/// left as it is and checked like any other; a refusal creates nothing.
+pub async fn create_run_creates_a_new_session_in_the_same_write(store: &dyn SessionStore) {
+    let k = key("settings-create");
+    let empty = settings_digest(EMPTY_SETTINGS);
+    let first = |run_id: &str| NewRun {
+        expected_settings: Some(empty),
+        create_session: true,
+        ..super::new_run(run_id, &k, "fp")
+    };
+    assert!(store.get_session(&k).await.unwrap().is_none());
+    let admitted = store.create_run(first("c-1")).await.unwrap();
+    assert!(admitted.created);
+    let session = store
+        .get_session(&k)
+        .await
+        .unwrap()
+        .expect("the session exists once its first run does");
+    assert_eq!(session.settings_json, EMPTY_SETTINGS);
+
+    // A second first send (another edge, the same moment) finds the row and
+    // leaves it as it is.
+    assert!(store.create_run(first("c-2")).await.unwrap().created);
+    let again = store.get_session(&k).await.unwrap().unwrap();
+    assert_eq!(again.session_id, session.session_id);
+
+    // Created meanwhile with other settings: refused, nothing written.
+    let other = key("settings-create-other");
+    store
+        .patch_session(patch_req(&other, json!({ "model": "gpt-5" }), true))
+        .await
+        .unwrap();
+    let stale = store
+        .create_run(NewRun {
+            expected_settings: Some(empty),
+            create_session: true,
+            ..super::new_run("c-3", &other, "fp")
+        })
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::SettingsChanged(_))),
+        "the session was created with other settings: {stale:?}"
+    );
+    assert!(store.get_run("c-3").await.unwrap().is_none());
+
+    // A refusal of a new session's first run creates no session either.
+    let unowned = key("settings-create-refused");
+    let refused = store
+        .create_run(NewRun {
+            expected_settings: Some(empty.wrapping_add(1)),
+            create_session: true,
+            ..super::new_run("c-4", &unowned, "fp")
+        })
+        .await;
+    assert!(matches!(refused, Err(StoreError::SettingsChanged(_))));
+    assert!(store.get_session(&unowned).await.unwrap().is_none());
+    assert!(store.get_run("c-4").await.unwrap().is_none());
+}

@@ -307,6 +307,7 @@ pub fn new_run_from_pb(r: pb::CreateRunRequest) -> Result<NewRun, StoreError> {
         request_json: r.request_json,
         owner_token: r.owner_token.map(owner_token_from_pb),
         expected_settings: r.expected_settings_digest,
+        create_session: r.create_session,
     })
 }
 
@@ -321,6 +322,7 @@ pub fn new_run_to_pb(n: NewRun) -> pb::CreateRunRequest {
         request_json: n.request_json,
         owner_token: n.owner_token.map(owner_token_to_pb),
         expected_settings_digest: n.expected_settings,
+        create_session: n.create_session,
     }
 }
 

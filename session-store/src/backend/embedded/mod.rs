@@ -396,9 +396,16 @@ impl SessionStore for EmbeddedStore {
             if let Some(existing) = load_run(&runs, &new.run_id)? {
                 return Ok(Ok(rules::existing_run(existing, &new)));
             }
-            if new.expected_settings.is_some() {
-                let slot = load_slot(txn, &new.session_key)?;
+            if new.expected_settings.is_some() || new.create_session {
+                let mut slot = load_slot(txn, &new.session_key)?;
+                // Checked before anything is written: a refusal still
+                // commits the group's transaction (with the other jobs).
+                let created = new.create_session
+                    && rules::create_session_if_absent(&mut slot, now, Uuid::new_v4);
                 refused!(rules::check_settings(Some(&slot), &new));
+                if created {
+                    store_slot(txn, &new.session_key, &slot)?;
+                }
             }
             let record = rules::new_run_record(&new, now);
             runs.insert(new.run_id.as_str(), encode(&record).as_slice())?;

@@ -467,15 +467,16 @@ impl SessionStore for PostgresStore {
         // insert back), and the lease row's share lock, taken before the
         // commit, orders any steal after it. The settings are read unlocked:
         // a patch that commits after the read is ordered after the admission,
-        // as if it had come a moment later.
+        // as if it had come a moment later. A session to create is locked
+        // after (lease row, run row, session row: the module's order).
         let key = new.session_key.as_str();
         let token = new.owner_token.as_ref();
         let (owner, session, inserted) = tokio::join!(
             leases::check_owner(&tx, &new.session_key, token, self.partitions),
             async {
                 match new.expected_settings {
-                    Some(_) => fetch_opt(&tx, SELECT_SESSION, &[&key]).await,
-                    None => Ok(None),
+                    Some(_) if !new.create_session => fetch_opt(&tx, SELECT_SESSION, &[&key]).await,
+                    _ => Ok(None),
                 }
             },
             run(&tx, INSERT_RUN, &params),
@@ -483,7 +484,10 @@ impl SessionStore for PostgresStore {
         owner?;
         let mut inserted = inserted? == 1;
         if inserted {
-            check_settings_row(session?.as_ref(), &new)?;
+            match new.create_session {
+                true => create_session_for_run(&tx, &new).await?,
+                false => check_settings_row(session?.as_ref(), &new)?,
+            }
         }
         // A record that exists answers whatever the settings. A conflicting
         // record may be purged between the INSERT and the SELECT; then the
@@ -503,7 +507,9 @@ impl SessionStore for PostgresStore {
                 return Ok(existing);
             }
             inserted = run(&tx, INSERT_RUN, &params).await? == 1;
-            if inserted && new.expected_settings.is_some() {
+            if inserted && new.create_session {
+                create_session_for_run(&tx, &new).await?;
+            } else if inserted && new.expected_settings.is_some() {
                 let row = fetch_opt(&tx, SELECT_SESSION, &[&key]).await?;
                 check_settings_row(row.as_ref(), &new)?;
             }

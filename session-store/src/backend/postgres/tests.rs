@@ -212,6 +212,7 @@ async fn runs_create_update_purge() {
             owner: "owner-1".to_owned(),
             request_json: "{}".to_owned(),
             expected_settings: None,
+            create_session: false,
         };
         let created = store.create_run(new("r1", "f")).await.unwrap();
         assert!(created.created);

@@ -52,6 +52,18 @@ pub(super) fn check_settings_row(row: Option<&Row>, new: &NewRun) -> StoreResult
     rules::check_settings(slot.as_ref(), new)
 }
 
+/// CreateRun's `create_session`, in its transaction after the run row: the
+/// session row locked (created when it has none, empty settings), then the
+/// settings check against it. A refusal rolls the creation back with the
+/// run's insert.
+pub(super) async fn create_session_for_run(tx: &Transaction<'_>, new: &NewRun) -> StoreResult<()> {
+    apply(tx, &new.session_key, true, |slot| {
+        rules::create_session_if_absent(slot, clawgate_common::clock::now_ms(), uuid::Uuid::new_v4);
+        rules::check_settings(Some(slot), new)
+    })
+    .await
+}
+
 pub(super) async fn fetch_opt(
     c: &impl GenericClient,
     sql: &str,

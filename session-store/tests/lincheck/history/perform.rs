@@ -242,6 +242,7 @@ pub async fn perform(
                 request_json: r#"{"message":"hi"}"#.into(),
                 owner_token: owner_token(token),
                 expected_settings: None,
+                create_session: false,
             };
             or_refused(store.create_run(new).await.map(|c| Output::RunCreated {
                 created: c.created,

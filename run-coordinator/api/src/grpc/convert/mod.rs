@@ -168,6 +168,7 @@ pub fn submit_to_pb(r: SubmitRequest) -> Decoded<pb::SubmitRequest> {
             .map(attachment_to_pb)
             .collect::<Decoded<_>>()?,
         expected_settings_digest: r.expected_settings,
+        create_session: r.create_session,
     })
 }
 
@@ -197,6 +198,7 @@ pub fn submit_from_pb(r: pb::SubmitRequest) -> Decoded<SubmitRequest> {
         },
         run_id: r.run_id,
         expected_settings: r.expected_settings_digest,
+        create_session: r.create_session,
     })
 }
 

@@ -63,12 +63,14 @@ fn a_submit_crosses_the_wire_and_comes_back_equal() {
             }],
         },
         expected_settings: Some(42),
+        create_session: true,
     };
     let back = submit_from_pb(submit_to_pb(sent.clone()).unwrap()).unwrap();
     assert_eq!(back.run_id, sent.run_id);
     assert_eq!(back.session_key, sent.session_key);
     assert_eq!(back.spec, sent.spec);
     assert_eq!(back.expected_settings, sent.expected_settings);
+    assert_eq!(back.create_session, sent.create_session);
 }
 
 #[test]

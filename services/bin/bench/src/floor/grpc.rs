@@ -164,6 +164,7 @@ impl Unary for Submitter {
             owner_token: Some(self.ownership.token(&submit.session_key)),
             // The floor's sessions have no settings to check.
             expected_settings_digest: None,
+            create_session: false,
         };
         let created = self.store.clone().create_run(create).await?.into_inner();
         let record = created.record.unwrap_or_default();

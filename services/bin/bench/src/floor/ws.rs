@@ -199,6 +199,7 @@ async fn answer(hub: &Arc<Hub>, conn: &Arc<Conn>, request: &Value, requester: St
                     label: None,
                     attachments: Vec::new(),
                     expected_settings_digest: None,
+                    create_session: false,
                 };
                 if let Err(status) = coordinator.clone().submit(submit).await {
                     return json!({
