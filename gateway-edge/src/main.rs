@@ -1,5 +1,7 @@
 //! The `gateway-edge` binary: flags/env → `serve` until SIGTERM or ctrl-c.
 
+clawgate_common::use_service_allocator!();
+
 use clap::Parser;
 use gateway_edge::EdgeConfig;
 use tokio::net::TcpListener;

@@ -1,5 +1,7 @@
 //! The `run-coordinator` binary: flags/env → `serve` until SIGTERM or ctrl-c.
 
+clawgate_common::use_service_allocator!();
+
 use std::time::Duration;
 
 use clap::Parser;

@@ -1,5 +1,7 @@
 //! The `session-store` binary: flags/env → `serve` until SIGTERM or ctrl-c.
 
+clawgate_common::use_service_allocator!();
+
 use clap::Parser;
 use session_store::config::StoreConfig;
 use tokio::net::TcpListener;

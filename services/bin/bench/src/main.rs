@@ -4,6 +4,10 @@
 //! second by coordinator count. Prints one Markdown table (see the library
 //! for the scenarios and the floors).
 
+// The floors run in this process: with the services' allocator, so that a
+// figure and its floor differ in what the service does, not in malloc.
+clawgate_common::use_service_allocator!();
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -4,6 +4,8 @@
 //! protocol v4 over WebSocket) in front. The coordinator calls the store in
 //! process; the edge reaches both over gRPC, exactly as in a deployment.
 
+clawgate_common::use_service_allocator!();
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+pub mod allocator;
 pub mod clock;
 pub mod limits;
 pub mod partition;

@@ -1,0 +1,23 @@
+//! The allocator of every clawgate binary: mimalloc, through
+//! [`use_service_allocator!`](crate::use_service_allocator).
+//!
+//! glibc's malloc was about a fifth of the coordinator's CPU samples on the
+//! ACK path (`docs/benchmarks.md`, *Where the CPU goes*): every request
+//! allocates and frees on one worker thread and its answer is freed on
+//! another, which glibc's arenas pay for in locking and consolidation.
+//! mimalloc keeps per-thread free lists with cheap cross-thread frees. Its
+//! own settings are read from the environment (`MIMALLOC_*`, e.g.
+//! `MIMALLOC_PURGE_DELAY`), so an operator can tune it without a build.
+
+pub use mimalloc::MiMalloc;
+
+/// Declares mimalloc the global allocator of the binary this is used in
+/// (once, at the crate root of a `main.rs`). Libraries never set it: their
+/// tests and the binaries that embed them choose.
+#[macro_export]
+macro_rules! use_service_allocator {
+    () => {
+        #[global_allocator]
+        static GLOBAL_ALLOCATOR: $crate::allocator::MiMalloc = $crate::allocator::MiMalloc;
+    };
+}
