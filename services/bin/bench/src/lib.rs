@@ -92,6 +92,11 @@
 //!   broadcast). The all-in-one's coordinator calls its store in process,
 //!   so its admission makes one gRPC hop fewer than (c): a ratio below 1
 //!   there is that hop.
+//! - (d) `(c)+broadcast`: (c) whose runs are played to every connection, as
+//!   (a) and the edge do (every `operator.read` connection receives every
+//!   run's events). Measured for `run` only, beside (c): at N connections a
+//!   run is N times its events on the wire, which (c) does not pay, so
+//!   complete runs per second cannot go above (d)'s.
 //!
 //! `idle` and `startup` have no floor.
 //!

@@ -159,10 +159,16 @@ pub enum FloorKind {
     /// (c) (b) with a durable commit in B: redb, fsync'd, grouped as the
     /// embedded store groups its commits (`commit`).
     Commit,
+    /// (d) (c) whose runs are played to every connection, as the edge
+    /// broadcasts them: what a complete run cannot go below in this
+    /// protocol, where every operator connection receives every run's
+    /// events. Measured for `run` beside (c), which plays a run to its
+    /// sender only.
+    Broadcast,
 }
 
 impl FloorKind {
-    pub const ALL: [FloorKind; 3] = [Self::Echo, Self::Grpc, Self::Commit];
+    pub const ALL: [FloorKind; 4] = [Self::Echo, Self::Grpc, Self::Commit, Self::Broadcast];
 
     /// Its topology column.
     pub fn topology(self) -> &'static str {
@@ -170,6 +176,7 @@ impl FloorKind {
             Self::Echo => "floor (a) ws echo",
             Self::Grpc => "floor (b) ws+2 gRPC",
             Self::Commit => "floor (c) ws+2 gRPC+commit",
+            Self::Broadcast => "floor (d) (c)+broadcast",
         }
     }
 
@@ -179,19 +186,22 @@ impl FloorKind {
             Self::Echo => "(a)",
             Self::Grpc => "(b)",
             Self::Commit => "(c)",
+            Self::Broadcast => "(d)",
         }
     }
 
     pub fn backend(self) -> &'static str {
         match self {
-            Self::Commit => "embedded",
+            Self::Commit | Self::Broadcast => "embedded",
             _ => "—",
         }
     }
 
-    /// The scenarios measured on it: those it is the floor of, and `ack`
-    /// on (b) beside (c).
+    /// The scenarios measured on it: those it is the floor of, `ack` on
+    /// (b) beside (c), and `run` on (d) beside (c).
     pub fn measures(self, scenario: Scenario) -> bool {
-        scenario.floor() == Some(self) || (self == Self::Grpc && scenario == Scenario::Ack)
+        scenario.floor() == Some(self)
+            || (self == Self::Grpc && scenario == Scenario::Ack)
+            || (self == Self::Broadcast && scenario == Scenario::Run)
     }
 }

@@ -82,9 +82,10 @@ async fn every_scenario_reports_beside_its_floor() {
             "floor (c) ws+2 gRPC+commit",
         ),
         ("complete run", "floor (c) ws+2 gRPC+commit"),
+        ("complete run", "floor (d) (c)+broadcast"),
     ] {
         for connections in [1, 3] {
-            let backend = if floor.contains("commit") {
+            let backend = if floor.contains("commit") || floor.contains("(d)") {
                 "embedded"
             } else {
                 "—"

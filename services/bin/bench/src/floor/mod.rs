@@ -34,7 +34,7 @@ impl Drop for Floors {
 }
 
 impl Floors {
-    /// Starts the three floors (their WebSocket URLs in [`url`](Self::url)).
+    /// Starts the four floors (their WebSocket URLs in [`url`](Self::url)).
     pub async fn start(echo: Echo) -> anyhow::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -72,7 +72,7 @@ async fn listener() -> anyhow::Result<(TcpListener, std::net::SocketAddr)> {
     Ok((listener, address))
 }
 
-/// Starts B (empty and committing), A in front of each, and the three
+/// Starts B (empty and committing), A in front of each, and the four
 /// WebSocket servers; on the floor runtime.
 async fn start_servers(
     echo: Echo,
@@ -90,8 +90,9 @@ async fn start_servers(
     for kind in FloorKind::ALL {
         let coordinator = match kind {
             FloorKind::Echo => None,
-            FloorKind::Grpc | FloorKind::Commit => {
-                let committer = (kind == FloorKind::Commit).then(|| committer.clone());
+            FloorKind::Grpc | FloorKind::Commit | FloorKind::Broadcast => {
+                let commits = matches!(kind, FloorKind::Commit | FloorKind::Broadcast);
+                let committer = commits.then(|| committer.clone());
                 let (b, b_address) = listener().await?;
                 tokio::spawn(grpc::serve(grpc::Recorder { committer }, b));
                 let (a, a_address) = listener().await?;
@@ -104,7 +105,7 @@ async fn start_servers(
             }
         };
         let (socket, address) = listener().await?;
-        let broadcast = kind == FloorKind::Echo;
+        let broadcast = matches!(kind, FloorKind::Echo | FloorKind::Broadcast);
         tokio::spawn(ws::serve(
             ws::Hub::new(echo, coordinator, broadcast),
             socket,
