@@ -343,6 +343,51 @@ async fn a_send_uses_settings_changed_behind_the_edge() {
     system.stop.cancel();
 }
 
+/// A session this edge has never seen is first taken for a new one (empty
+/// settings, created by the admission's write); one that exists with
+/// settings of its own refuses that admission, and the send is made again
+/// from the settings read from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_send_to_a_session_with_settings_uses_them() {
+    use session_store_api::SessionStore;
+    let system = system().await;
+    let store = session_store_api::grpc::client::RemoteStore::connect(system.store_url())
+        .await
+        .unwrap();
+    store
+        .patch_session(session_store_api::model::PatchSession {
+            key: session_store_api::SessionKey::parse("preset").unwrap(),
+            patch_json: json!({ "queueMode": "interrupt" }).to_string(),
+            create: true,
+        })
+        .await
+        .unwrap();
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &["operator.read", "operator.write"]).await;
+
+    send(&mut client, "preset", "ps-1", "SLOW long", json!({})).await;
+    run_started(&mut client, "ps-1").await;
+    let ack = send(&mut client, "preset", "ps-2", "instead", json!({})).await;
+    assert_eq!(ack["payload"]["status"], "started", "{ack}");
+    // Interrupt, the session's own mode: the running turn was superseded.
+    assert_eq!(
+        chat_end(&mut client, "ps-1").await["payload"]["state"],
+        "aborted"
+    );
+    assert_eq!(
+        chat_end(&mut client, "ps-2").await["payload"]["state"],
+        "final"
+    );
+    let described = client
+        .request("sessions.describe", json!({ "key": "preset" }))
+        .await;
+    assert_eq!(
+        described["payload"]["session"]["queueMode"], "interrupt",
+        "{described}"
+    );
+    system.stop.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slash_commands_are_interpreted_with_their_scopes() {
     let system = system().await;

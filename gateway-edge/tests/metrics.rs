@@ -148,9 +148,9 @@ async fn metrics_are_served_apart_from_the_public_port_unless_asked() {
 }
 
 /// The first send to a session the store has never seen writes once before
-/// its ACK: the session row comes with the run record (CreateRun's
-/// `create_session`), not from a PatchSession of its own first. The session
-/// is there as soon as the send is answered, with its run.
+/// its ACK, and reads nothing: the session row comes with the run record
+/// (CreateRun's `create_session`), not from a read and a PatchSession of
+/// its own first. The session is there as soon as the send is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_send_to_a_new_session_is_one_store_write() {
     let system = system().await;
@@ -171,15 +171,17 @@ async fn a_first_send_to_a_new_session_is_one_store_write() {
     let started = client.request("chat.send", params).await;
     assert_eq!(started["payload"]["status"], "started", "{started}");
     let after = Scrape::of(system.store_metrics_address()).await;
-    assert_eq!(
-        served(&after, "patch_session") - served(&before, "patch_session"),
-        0.0,
-        "no session write of its own"
-    );
-    assert_eq!(
-        served(&after, "create_run") - served(&before, "create_run"),
-        1.0
-    );
+    for (operation, expected) in [
+        ("patch_session", 0.0),
+        ("get_session", 0.0),
+        ("create_run", 1.0),
+    ] {
+        assert_eq!(
+            served(&after, operation) - served(&before, operation),
+            expected,
+            "{operation}: no session read or write of its own"
+        );
+    }
     let described = client
         .request("sessions.describe", json!({ "key": "brand-new" }))
         .await;

@@ -122,28 +122,32 @@ pub(super) fn run_queue_mode(mode: QueueMode) -> RunQueueMode {
 const SETTINGS_RETRIES: usize = 3;
 
 /// Submits `turn` with the session's settings (its model, its queue mode):
-/// the cached ones when this edge has them, else read from the store. The
-/// store admits the run only with the settings it was made from (see
-/// `state/caches.rs`); when they changed, they are read again and the turn
-/// is submitted again with the same runId (nothing was admitted).
+/// the cached ones when this edge has them. The store admits the run only
+/// with the settings it was made from (see `state/caches.rs`); when they
+/// changed, they are read from the store and the turn is submitted again
+/// with the same runId (nothing was admitted).
 ///
-/// A session with no row is created by the admission's own write
-/// (`create_session`), made from the empty settings a new session has: it
-/// is in the store before its first send is answered, as the protocol's
-/// clients expect (`sessions.describe` right after the ack), and the ACK
-/// waits for one durable commit, not for a session write and then the
-/// run's. A session created meanwhile with other settings refuses the
-/// admission as any settings change does.
+/// A session this edge knows nothing of is first taken for a new one: the
+/// turn is made from the empty settings a new session has, and the
+/// admission's own write creates the session if it has no row
+/// (`create_session`). A new session is thus in the store before its first
+/// send is answered, as the protocol's clients expect (`sessions.describe`
+/// right after the ack), and that ACK waits for one durable commit and no
+/// read: not for a read, a session write and then the run's. A session that
+/// exists with empty settings is admitted the same way; one with settings
+/// of its own refuses it as any settings change does, and is read.
 async fn submit_with_settings(
     edge: &Arc<Edge>,
     conn: &Arc<Conn>,
     turn: &Turn<'_>,
 ) -> Result<Submitted, (ErrorShape, Option<Value>)> {
     let mut cached = edge.settings_cache.get(turn.session);
+    let mut taken_for_new = cached.is_none();
     let mut attempts = 0;
     loop {
         let settings = match cached.take() {
             Some(settings) => settings,
+            None if taken_for_new => super::session_settings::turn_settings_of(edge, None),
             None => super::session_settings::read_turn_settings(edge, turn.session).await?,
         };
         let create_session = settings.digest.is_none();
@@ -176,6 +180,9 @@ async fn submit_with_settings(
         };
         // Same runId on every attempt: a retry after a failover is idempotent.
         match edge.backends.coordinator.submit(submit).await {
+            Err(CoordinatorError::SettingsChanged(_)) if taken_for_new => {
+                taken_for_new = false;
+            }
             Err(CoordinatorError::SettingsChanged(_)) if attempts < SETTINGS_RETRIES => {
                 edge.settings_cache.forget(turn.session);
                 attempts += 1;
