@@ -16,7 +16,10 @@ use crate::state::connection::{OutFrame, OutboxReader};
 
 /// The socket stack: WebSocket framing over write coalescing over the
 /// pre-auth guard over the upgraded HTTP connection.
-pub type WebSocket = WebSocketStream<Coalesced<Guarded<TokioIo<hyper::upgrade::Upgraded>>>>;
+pub type WebSocket = WebSocketStream<RawIo>;
+/// What the WebSocket library runs over (all a parked link keeps,
+/// `park::Link`).
+pub type RawIo = Coalesced<Guarded<TokioIo<hyper::upgrade::Upgraded>>>;
 /// Boxed, because the socket is handed from the task to the handshake to
 /// the serving loop, and each async function's state would otherwise keep
 /// its own copy of it (a few hundred bytes each) for the connection's life.
