@@ -63,9 +63,10 @@ pub async fn send_text(socket: &mut Socket, text: String, frame_bytes: usize) ->
 /// Writes one text message, as frames of at most `frame_bytes` of payload
 /// (a first `Text` frame, then `Continue` frames, split at character
 /// boundaries). The WebSocket library stages every frame it writes in a
-/// buffer that keeps its largest size, so an idle connection would hold the
-/// largest message it was ever sent (a `hello-ok` with its presence list,
-/// a history page); fragmenting bounds that buffer by `frame_bytes`.
+/// buffer that keeps its largest size until the socket parks (`park`), so
+/// a busy connection would hold the largest message it was sent (a
+/// `hello-ok` with its presence list, a history page); fragmenting bounds
+/// that buffer by `frame_bytes`.
 async fn write_text(socket: &mut Socket, text: String, frame_bytes: usize) -> Result<(), WsError> {
     feed_text(socket, text, frame_bytes).await?;
     socket.flush().await
