@@ -102,3 +102,51 @@ async fn an_answer_ends_the_event_linger() {
         client.received
     );
 }
+
+/// Between messages the edge drops the WebSocket library's buffers
+/// (`transport::park`) and attaches them again when bytes arrive. A
+/// message whose two frames arrive apart is not parked in between (the
+/// edge answers a ping sent between them, so it has read the first one
+/// before the second is sent) and is answered whole; an idle connection
+/// then answers a ping and a request as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_frames_arrive_apart_is_read_whole() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+
+    async fn pong(client: &mut Client, data: &'static [u8]) {
+        client.ws.send(Message::Ping(data.into())).await.unwrap();
+        let waiting = async {
+            loop {
+                match client.ws.next().await {
+                    Some(Ok(Message::Pong(got))) if got.as_ref() == data => return,
+                    Some(Ok(_)) => {}
+                    other => panic!("closed before the pong: {other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(DEADLINE, waiting)
+            .await
+            .expect("a pong");
+    }
+
+    let system = system().await;
+    let (url, _) = system.edge(system.edge_config()).await;
+    let mut client = Client::connect(&url, &[READ]).await;
+    let request = json!({ "type": "req", "id": "apart", "method": "health", "params": {} });
+    let text = request.to_string().into_bytes();
+    let (head, tail) = text.split_at(10);
+    let first = Frame::message(head.to_vec(), OpCode::Data(Data::Text), false);
+    client.ws.send(Message::Frame(first)).await.unwrap();
+    pong(&mut client, b"between").await;
+    let last = Frame::message(tail.to_vec(), OpCode::Data(Data::Continue), true);
+    client.ws.send(Message::Frame(last)).await.unwrap();
+    let answer = client.response("apart").await;
+    assert_eq!(answer["ok"], true, "{answer}");
+    // Idle again: parked, and attached again by the next bytes.
+    pong(&mut client, b"idle").await;
+    let health = client.request("health", json!({})).await;
+    assert_eq!(health["ok"], true, "{health}");
+}

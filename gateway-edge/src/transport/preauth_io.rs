@@ -142,6 +142,12 @@ impl PreauthGuard {
         since.map(|since| now.saturating_duration_since(since))
     }
 
+    /// Every byte read so far ends a frame, and no message is half-read
+    /// (a parked socket loses nothing: `park`).
+    pub fn between_messages(&self) -> bool {
+        self.reading.lock().unwrap().unfinished_since.is_none()
+    }
+
     /// Walks `bytes` just read; the payload bytes declared so far.
     fn read(&self, bytes: &[u8]) -> u64 {
         let mut reading = self.reading.lock().unwrap();

@@ -72,13 +72,17 @@ fn is_websocket_upgrade(req: &Request<Incoming>) -> bool {
     has(UPGRADE, "websocket") && has(CONNECTION, "upgrade")
 }
 
+/// The WebSocket library's read buffer, bytes (an idle connection holds
+/// none: `park`).
+pub const READ_BUFFER_BYTES: usize = 1024;
+
 /// Small buffers keep an idle connection cheap: the library's write buffer
 /// keeps its largest size, which stays near this because no frame is longer
 /// than `--socket-frame-bytes`. What it writes is gathered beneath it
 /// (`coalesce::Coalesced`) into one system call per batch of frames.
 pub fn websocket_config(max_payload: usize) -> WebSocketConfig {
     WebSocketConfig::default()
-        .read_buffer_size(1024)
+        .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(2048)
         .max_message_size(Some(max_payload))
         .max_frame_size(Some(max_payload))

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use clawgate_common::clock::now_ms;
-use futures::StreamExt;
 use serde_json::json;
 
 use super::connect::{Peer, handshake};
+use super::park::Link;
 use super::preauth_io::PreauthGuard;
 use super::wire::{
     Incoming, NOT_UTF8, Socket, WebSocket, close, close_over_limit, flush_queued, incoming,
@@ -53,7 +53,7 @@ async fn linger(until: Option<tokio::time::Instant>) {
 async fn serve_connection(
     edge: Arc<Edge>,
     events: Arc<Events>,
-    mut socket: Socket,
+    socket: Socket,
     conn: Arc<Conn>,
     mut reader: OutboxReader,
     guard: &PreauthGuard,
@@ -64,6 +64,8 @@ async fn serve_connection(
     // A frame over the limit is still arriving when the socket closes.
     let mut over_limit = false;
     let frame_bytes = edge.config.socket_frame_bytes;
+    // Between messages the WebSocket library's buffers are dropped (`park`).
+    let mut link = Link::new(socket, edge.config.max_payload);
     // After a write, queued events wait until this instant (`--event-linger`),
     // unless an answer is queued: a fan-out's events to this connection then
     // go out together.
@@ -89,7 +91,7 @@ async fn serve_connection(
                 // flood guard's last refusal), unless the peer not reading
                 // is why it closes.
                 if order.as_ref().is_some_and(CloseOrder::flushes_queued) {
-                    flush_queued(&mut socket, &mut reader, frame_bytes).await;
+                    flush_queued(link.socket().await, &mut reader, frame_bytes).await;
                 }
                 break order;
             }
@@ -97,10 +99,10 @@ async fn serve_connection(
                 let payload = json!({ "reason": "service restart", "restartExpectedMs": 0 });
                 conn.outbox.broadcast("shutdown", &payload, false);
                 // Flush what is queued, including the shutdown event.
-                flush_queued(&mut socket, &mut reader, frame_bytes).await;
+                flush_queued(link.socket().await, &mut reader, frame_bytes).await;
                 break Some(CloseOrder { code: 1012, reason: "service restart".into() });
             }
-            message = socket.next() => match incoming(message) {
+            message = link.next(guard) => match incoming(message) {
                 Incoming::Text(text, _) => dispatch(&edge, &events, &conn, &text),
                 Incoming::TooLarge => {
                     over_limit = true;
@@ -117,8 +119,9 @@ async fn serve_connection(
                 let Some(frame) = frame else { break None };
                 // A peer that stops reading blocks this write; a close order
                 // (slow consumer, shutdown) must still get through.
+                let socket = link.socket().await;
                 let (sent, bytes) = tokio::select! {
-                    sent = write_batch(&mut socket, frame, &mut reader, frame_bytes) => sent,
+                    sent = write_batch(socket, frame, &mut reader, frame_bytes) => sent,
                     () = &mut closing => break conn.outbox.close_order(),
                     () = &mut shutdown => break Some(CloseOrder { code: 1012, reason: "service restart".into() }),
                 };
@@ -150,13 +153,14 @@ async fn serve_connection(
     }
     presence::broadcast(&edge, &events);
     conn.outbox.closing.cancel();
+    let socket = link.socket().await;
     if let Some(order) = order {
         if over_limit {
-            close_over_limit(&mut socket, order.code, &order.reason).await;
+            close_over_limit(socket, order.code, &order.reason).await;
         } else {
-            close(&mut socket, order.code, &order.reason).await;
+            close(socket, order.code, &order.reason).await;
         }
     } else {
-        let _ = WebSocket::close(&mut socket, None).await;
+        let _ = WebSocket::close(socket, None).await;
     }
 }

@@ -16,7 +16,10 @@ use crate::state::connection::{OutFrame, OutboxReader};
 
 /// The socket stack: WebSocket framing over write coalescing over the
 /// pre-auth guard over the upgraded HTTP connection.
-pub type WebSocket = WebSocketStream<Coalesced<Guarded<TokioIo<hyper::upgrade::Upgraded>>>>;
+pub type WebSocket = WebSocketStream<RawIo>;
+/// What the WebSocket library runs over (all a parked link keeps,
+/// `park::Link`).
+pub type RawIo = Coalesced<Guarded<TokioIo<hyper::upgrade::Upgraded>>>;
 /// Boxed, because the socket is handed from the task to the handshake to
 /// the serving loop, and each async function's state would otherwise keep
 /// its own copy of it (a few hundred bytes each) for the connection's life.
@@ -60,9 +63,10 @@ pub async fn send_text(socket: &mut Socket, text: String, frame_bytes: usize) ->
 /// Writes one text message, as frames of at most `frame_bytes` of payload
 /// (a first `Text` frame, then `Continue` frames, split at character
 /// boundaries). The WebSocket library stages every frame it writes in a
-/// buffer that keeps its largest size, so an idle connection would hold the
-/// largest message it was ever sent (a `hello-ok` with its presence list,
-/// a history page); fragmenting bounds that buffer by `frame_bytes`.
+/// buffer that keeps its largest size until the socket parks (`park`), so
+/// a busy connection would hold the largest message it was sent (a
+/// `hello-ok` with its presence list, a history page); fragmenting bounds
+/// that buffer by `frame_bytes`.
 async fn write_text(socket: &mut Socket, text: String, frame_bytes: usize) -> Result<(), WsError> {
     feed_text(socket, text, frame_bytes).await?;
     socket.flush().await
