@@ -1,5 +1,10 @@
-//! The allocator of every clawgate binary: mimalloc, through
-//! [`use_service_allocator!`](crate::use_service_allocator).
+//! The allocator of the services that hold no per-client memory bound (the
+//! session store, the run coordinator) and of the bench: mimalloc, through
+//! [`use_service_allocator!`](crate::use_service_allocator). The edge and
+//! the all-in-one, which contains it, keep the system allocator: with
+//! mimalloc a stuck client cost the edge more than its send budget allows
+//! (`tests/tests/slow_consumer.rs`; mimalloc's arenas commit eagerly and
+//! keep what was freed, which glibc's malloc returns).
 //!
 //! glibc's malloc was about a fifth of the coordinator's CPU samples on the
 //! ACK path (`docs/benchmarks.md`, *Where the CPU goes*): every request
