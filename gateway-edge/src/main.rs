@@ -1,10 +1,7 @@
 //! The `gateway-edge` binary: flags/env → `serve` until SIGTERM or ctrl-c.
 
-// The system allocator, not mimalloc (`clawgate_common::allocator`): the
-// edge's memory per client is a bound it promises (idle connections, a
-// stuck client's send budget), and with mimalloc the slow-consumer test's
-// peak RSS grew 43 MiB against its 24 MiB bound (its arenas commit eagerly
-// and keep what was freed), where glibc's malloc stays inside it.
+// The system allocator, not mimalloc: see `clawgate_common::allocator`
+// (the edge's memory per client is a bound it promises).
 
 use clap::Parser;
 use gateway_edge::EdgeConfig;

@@ -233,9 +233,7 @@ impl SessionStore for MemoryStore {
                 .get(&new.session_key)
                 .cloned()
                 .unwrap_or_default();
-            let created = rules::create_session_if_absent(&mut slot, now, Uuid::new_v4);
-            rules::check_settings(Some(&slot), &new)?;
-            if created {
+            if rules::admit_to_session(&mut slot, &new, now, Uuid::new_v4)? {
                 inner.slots.insert(new.session_key.clone(), slot);
             }
         } else {

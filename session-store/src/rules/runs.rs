@@ -152,20 +152,23 @@ pub fn new_run_record(new: &NewRun, now_ms: i64) -> RunRecord {
     }
 }
 
-/// CreateRun's `create_session`: a key with no session gets a fresh one
-/// with empty settings, as a first PatchSession of `{}` with create makes
-/// it. Returns whether it did (the slot then has to be written). Called
-/// only for a record about to be created, before [`check_settings`].
-pub fn create_session_if_absent(
+/// CreateRun's session side, for a record about to be created: with
+/// `create_session` a key with no session gets a fresh one (empty
+/// settings, as a first PatchSession of `{}` with create makes it), then
+/// the settings are checked ([`check_settings`]). Returns whether the slot
+/// changed and has to be written; on a refusal it must not be.
+pub fn admit_to_session(
     slot: &mut SessionSlot,
+    new: &NewRun,
     now_ms: i64,
     new_session_id: impl FnOnce() -> SessionId,
-) -> bool {
-    if slot.current.is_some() {
-        return false;
+) -> Result<bool, StoreError> {
+    let created = new.create_session && slot.current.is_none();
+    if created {
+        slot.current = Some(SessionState::fresh(new_session_id(), now_ms, None));
     }
-    slot.current = Some(SessionState::fresh(new_session_id(), now_ms, None));
-    true
+    check_settings(Some(slot), new)?;
+    Ok(created)
 }
 
 /// CreateRun's check of the settings the run was made from, against the

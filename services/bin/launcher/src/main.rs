@@ -4,11 +4,9 @@
 //! protocol v4 over WebSocket) in front. The coordinator calls the store in
 //! process; the edge reaches both over gRPC, exactly as in a deployment.
 
-// The system allocator, not mimalloc (`clawgate_common::allocator`): this
-// process serves the edge, whose memory per client is a bound it promises (idle connections, a
-// stuck client's send budget), and with mimalloc the slow-consumer test's
-// peak RSS grew 43 MiB against its 24 MiB bound (its arenas commit eagerly
-// and keep what was freed), where glibc's malloc stays inside it.
+// The system allocator, not mimalloc: see `clawgate_common::allocator`
+// (this process serves the edge, whose memory per client is a bound it
+// promises).
 
 use std::net::SocketAddr;
 use std::sync::Arc;

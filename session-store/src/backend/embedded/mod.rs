@@ -400,10 +400,7 @@ impl SessionStore for EmbeddedStore {
                 let mut slot = load_slot(txn, &new.session_key)?;
                 // Checked before anything is written: a refusal still
                 // commits the group's transaction (with the other jobs).
-                let created = new.create_session
-                    && rules::create_session_if_absent(&mut slot, now, Uuid::new_v4);
-                refused!(rules::check_settings(Some(&slot), &new));
-                if created {
+                if refused!(rules::admit_to_session(&mut slot, &new, now, Uuid::new_v4)) {
                     store_slot(txn, &new.session_key, &slot)?;
                 }
             }

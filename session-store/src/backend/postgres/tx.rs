@@ -58,10 +58,15 @@ pub(super) fn check_settings_row(row: Option<&Row>, new: &NewRun) -> StoreResult
 /// run's insert.
 pub(super) async fn create_session_for_run(tx: &Transaction<'_>, new: &NewRun) -> StoreResult<()> {
     apply(tx, &new.session_key, true, |slot| {
-        rules::create_session_if_absent(slot, clawgate_common::clock::now_ms(), uuid::Uuid::new_v4);
-        rules::check_settings(Some(slot), new)
+        rules::admit_to_session(
+            slot,
+            new,
+            clawgate_common::clock::now_ms(),
+            uuid::Uuid::new_v4,
+        )
     })
     .await
+    .map(drop)
 }
 
 pub(super) async fn fetch_opt(
