@@ -302,7 +302,6 @@ async fn the_four_queue_modes_of_chat_send() {
 /// client) changed it after this edge last read the session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_uses_settings_changed_behind_the_edge() {
-    use session_store_api::SessionStore;
     let system = system().await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.read", "operator.write"]).await;
@@ -311,36 +310,47 @@ async fn a_send_uses_settings_changed_behind_the_edge() {
     send(&mut client, "behind", "bh-0", "hello", json!({})).await;
     chat_end(&mut client, "bh-0").await;
 
-    let store = session_store_api::grpc::client::RemoteStore::connect(system.store_url())
-        .await
-        .unwrap();
-    store
-        .patch_session(session_store_api::model::PatchSession {
-            key: session_store_api::SessionKey::parse("behind").unwrap(),
-            patch_json: json!({ "queueMode": "interrupt" }).to_string(),
-            create: false,
-        })
-        .await
-        .unwrap();
+    interrupt_behind_the_edge(&system, "behind", false).await;
 
-    send(&mut client, "behind", "bh-1", "SLOW long", json!({})).await;
-    run_started(&mut client, "bh-1").await;
-    let ack = send(&mut client, "behind", "bh-2", "instead", json!({})).await;
-    assert_eq!(ack["payload"]["status"], "started", "{ack}");
-    // Interrupt, not followup: the running turn was superseded.
-    assert_eq!(
-        chat_end(&mut client, "bh-1").await["payload"]["state"],
-        "aborted"
-    );
-    assert_eq!(
-        chat_end(&mut client, "bh-2").await["payload"]["state"],
-        "final"
-    );
+    // Interrupt, not followup.
+    assert_a_send_interrupts(&mut client, "behind", "bh").await;
     assert_eq!(
         texts_of(&mut client, "behind", "assistant").await,
         ["hello", "instead"]
     );
     system.stop.cancel();
+}
+
+/// Sets `session`'s queue mode to `interrupt` straight in the store (as
+/// another edge would), creating the session when `create`.
+async fn interrupt_behind_the_edge(system: &Sandbox, session: &str, create: bool) {
+    use session_store_api::SessionStore;
+    let store = session_store_api::grpc::client::RemoteStore::connect(system.store_url())
+        .await
+        .unwrap();
+    store
+        .patch_session(session_store_api::model::PatchSession {
+            key: session_store_api::SessionKey::parse(session).unwrap(),
+            patch_json: json!({ "queueMode": "interrupt" }).to_string(),
+            create,
+        })
+        .await
+        .unwrap();
+}
+
+/// A send while a slow run of `session` executes supersedes it (runIds
+/// `{prefix}-1`, `{prefix}-2`): the session's queue mode is `interrupt`.
+async fn assert_a_send_interrupts(client: &mut Client, session: &str, prefix: &str) {
+    let (slow, instead) = (format!("{prefix}-1"), format!("{prefix}-2"));
+    send(client, session, &slow, "SLOW long", json!({})).await;
+    run_started(client, &slow).await;
+    let ack = send(client, session, &instead, "instead", json!({})).await;
+    assert_eq!(ack["payload"]["status"], "started", "{ack}");
+    assert_eq!(chat_end(client, &slow).await["payload"]["state"], "aborted");
+    assert_eq!(
+        chat_end(client, &instead).await["payload"]["state"],
+        "final"
+    );
 }
 
 /// A session this edge has never seen is first taken for a new one (empty
@@ -349,35 +359,13 @@ async fn a_send_uses_settings_changed_behind_the_edge() {
 /// from the settings read from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_send_to_a_session_with_settings_uses_them() {
-    use session_store_api::SessionStore;
     let system = system().await;
-    let store = session_store_api::grpc::client::RemoteStore::connect(system.store_url())
-        .await
-        .unwrap();
-    store
-        .patch_session(session_store_api::model::PatchSession {
-            key: session_store_api::SessionKey::parse("preset").unwrap(),
-            patch_json: json!({ "queueMode": "interrupt" }).to_string(),
-            create: true,
-        })
-        .await
-        .unwrap();
+    interrupt_behind_the_edge(&system, "preset", true).await;
     let (url, _) = system.edge(system.edge_config()).await;
     let mut client = Client::connect(&url, &["operator.read", "operator.write"]).await;
 
-    send(&mut client, "preset", "ps-1", "SLOW long", json!({})).await;
-    run_started(&mut client, "ps-1").await;
-    let ack = send(&mut client, "preset", "ps-2", "instead", json!({})).await;
-    assert_eq!(ack["payload"]["status"], "started", "{ack}");
-    // Interrupt, the session's own mode: the running turn was superseded.
-    assert_eq!(
-        chat_end(&mut client, "ps-1").await["payload"]["state"],
-        "aborted"
-    );
-    assert_eq!(
-        chat_end(&mut client, "ps-2").await["payload"]["state"],
-        "final"
-    );
+    // Interrupt, the session's own mode.
+    assert_a_send_interrupts(&mut client, "preset", "ps").await;
     let described = client
         .request("sessions.describe", json!({ "key": "preset" }))
         .await;
